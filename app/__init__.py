@@ -1,0 +1,1 @@
+"""Voxlane's front ends and process wiring: CLI, web app, WebSocket server, microphone."""

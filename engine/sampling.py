@@ -1,0 +1,34 @@
+"""Sampling settings for one request; every LLM backend accepts them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens and when to stop. ``temperature == 0`` means greedy."""
+
+    temperature: float = 0.7
+    top_p: float = 0.9
+    top_k: int = 0  # 0 = off
+    repetition_penalty: float = 1.0  # 1.0 = off
+    max_tokens: int = 256
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default_factory=tuple)  # stop strings, not included in the output
+
+    def __post_init__(self) -> None:
+        # "field: message", the form config loaders turn into a keyed error
+        if not 0.0 <= self.temperature <= 5.0:
+            raise ValueError(f"temperature: must be in [0, 5], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k: must be >= 0, got {self.top_k}")
+        if not 0.5 <= self.repetition_penalty <= 2.0:
+            raise ValueError(f"repetition_penalty: must be in [0.5, 2], got {self.repetition_penalty}")
+        if not 1 <= self.max_tokens <= 32768:
+            raise ValueError(f"max_tokens: must be in [1, 32768], got {self.max_tokens}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,1 @@
+"""Voxlane's voice pipeline: VAD -> streaming ASR -> LLM -> speakable chunks -> TTS, with barge-in."""
