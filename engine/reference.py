@@ -97,7 +97,9 @@ class TransformersBackend:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # a progress bar per load is noise in a chat or a server log
         if num_threads:
             torch.set_num_threads(num_threads)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -37,7 +37,7 @@ def _convert(value: Any, tp: Any, key: str, problems: list[tuple[str, str]]) -> 
         if not isinstance(value, dict):
             problems.append((key, f"must be a table, got {type(value).__name__}"))
             return None
-        return _build(tp, value, key, problems)
+        return _build(tp, value, f"{key}.", problems)
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
             problems.append((key, f"must be a list, got {type(value).__name__}"))

@@ -1,0 +1,23 @@
+"""Builds the configured LLM backend (engine, transformers reference, or a remote server)."""
+from __future__ import annotations
+
+from app import model_store
+from app.config import AppConfig
+from engine.backend import LLMBackend
+
+
+def make_llm_backend(config: AppConfig, backend: str | None = None) -> LLMBackend:
+    """The LLM backend named by ``backend`` (default: ``config.llm.backend``), with its model loaded."""
+    kind = backend or config.llm.backend
+    if kind == "openai":
+        from engine.remote import RemoteBackend
+
+        return RemoteBackend(config.llm)
+    model_dir = model_store.resolve(config.models.llm, "llm")
+    if kind == "transformers":
+        from engine.reference import TransformersBackend
+
+        return TransformersBackend(model_dir, num_threads=config.llm.num_threads)
+    from engine.engine_backend import EngineBackend
+
+    return EngineBackend(model_dir, config.engine)

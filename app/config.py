@@ -1,0 +1,162 @@
+"""The app config: one TOML file (``voxlane.toml``), every key with a default, environment
+variables on top (``VOXLANE_<SECTION>_<KEY>``, e.g. ``VOXLANE_SERVER_PORT=8000``).
+
+Each room owns its settings dataclass; ``AppConfig`` only composes them. Invalid settings raise
+``SchemaError`` naming the file (or variable), the key and the problem; the app refuses to start.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.model_store import PACKAGED, is_hub_name
+from pipeline.schema import SchemaError, build, check
+
+LLM_BACKENDS = ("engine", "transformers", "openai")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Where and how ``voxlane serve`` listens, and its limits."""
+
+    host: str = "127.0.0.1"  # loopback only by default; anything else requires access_token
+    port: int = 7860
+    max_sessions: int = 8
+    max_message_bytes: int = 1 << 20  # one WebSocket message (an audio frame or a JSON message)
+    access_token: str = ""  # required from clients when set; must be set when host is not loopback
+    allowed_origins: tuple[str, ...] = ()  # extra browser Origins allowed besides the server's own
+
+    def __post_init__(self) -> None:
+        check(1 <= self.port <= 65535, "port", f"must be in [1, 65535], got {self.port}")
+        check(1 <= self.max_sessions <= 1024, "max_sessions", f"must be in [1, 1024], got {self.max_sessions}")
+        check(1024 <= self.max_message_bytes <= 64 << 20, "max_message_bytes",
+              f"must be in [1024, 64 MiB], got {self.max_message_bytes}")
+        check(self.host in LOOPBACK or bool(self.access_token), "access_token",
+              f"must be set when host is {self.host!r} (not loopback): anyone on the network could talk to it")
+
+
+def _check_model(field_name: str, spec: str, kind: str) -> None:
+    packaged = PACKAGED.get(spec)
+    if packaged is not None:
+        check(packaged.kind == kind, field_name, f"{spec!r} is a {packaged.kind} model, not a {kind} model")
+    else:
+        check(is_hub_name(spec) or Path(spec).expanduser().exists(), field_name,
+              f"{spec!r} is not a packaged model ({', '.join(n for n, m in PACKAGED.items() if m.kind == kind)}), "
+              "an existing path, or a hub name (owner/name)")
+
+
+@dataclass(frozen=True)
+class ModelsConfig:
+    """Which model each part uses: a packaged name, a local path, or a hub name (needs internet)."""
+
+    asr: str = "whisper-base"
+    llm: str = "smollm2-135m-instruct"
+    tts: str = "piper-en_US-joe-medium"
+    vad: str = "silero-vad"
+
+    def __post_init__(self) -> None:
+        for kind in ("asr", "llm", "tts", "vad"):
+            _check_model(kind, getattr(self, kind), kind)
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    """Which backend generates text: our engine (default), transformers (reference), or a remote
+    OpenAI-compatible server (vLLM, llama.cpp server, Ollama) for scale-out."""
+
+    backend: str = "engine"
+    num_threads: int = 2
+    base_url: str = ""  # for backend = "openai", e.g. http://127.0.0.1:8000/v1
+    remote_model: str = ""
+    api_key: str = ""
+    timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        check(self.backend in LLM_BACKENDS, "backend", f"must be one of {', '.join(LLM_BACKENDS)}, got {self.backend!r}")
+        check(1 <= self.num_threads <= 256, "num_threads", f"must be in [1, 256], got {self.num_threads}")
+        check(self.backend != "openai" or self.base_url.startswith(("http://", "https://")), "base_url",
+              "must be an http(s) URL when backend is 'openai'")
+        check(0 < self.timeout_s <= 600, "timeout_s", f"must be in (0, 600], got {self.timeout_s}")
+
+
+@dataclass(frozen=True)
+class PersonasConfig:
+    """Where personas come from and which one a new session starts with."""
+
+    default: str = "nova"
+    user_dir: Path = Path("~/.config/voxlane/personas")  # files here override and add to the shipped ones
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    """Everything Voxlane reads from ``voxlane.toml``."""
+
+    server: ServerConfig = field(default_factory=ServerConfig)
+    models: ModelsConfig = field(default_factory=ModelsConfig)
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    personas: PersonasConfig = field(default_factory=PersonasConfig)
+    source: str = "(defaults)"
+
+
+def default_config_path() -> Path | None:
+    """``$VOXLANE_CONFIG``, else ./voxlane.toml, else ~/.config/voxlane/voxlane.toml, if present."""
+    if env := os.environ.get("VOXLANE_CONFIG"):
+        return Path(env)
+    for candidate in (Path("voxlane.toml"), Path.home() / ".config" / "voxlane" / "voxlane.toml"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _parse_env_value(raw: str):
+    """An environment value in TOML syntax (8000, true, ["a"]), or else a plain string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _env_overrides(environ: dict[str, str]) -> tuple[dict, list[str]]:
+    sections = {f.name: f.type for f in dataclasses.fields(AppConfig) if f.name != "source"}
+    data: dict[str, dict] = {}
+    used = []
+    for name, raw in environ.items():
+        if not name.startswith("VOXLANE_") or name in ("VOXLANE_HOME", "VOXLANE_CONFIG"):
+            continue
+        rest = name[len("VOXLANE_"):].lower()
+        section = next((s for s in sections if rest.startswith(s + "_")), None)
+        if section is None:
+            continue
+        data.setdefault(section, {})[rest[len(section) + 1:]] = _parse_env_value(raw)
+        used.append(name)
+    return data, used
+
+
+def load_config(path: str | Path | None = None, environ: dict[str, str] | None = None) -> AppConfig:
+    """Read the config file (if any), apply ``VOXLANE_*`` variables, validate everything."""
+    environ = dict(os.environ if environ is None else environ)
+    path = Path(path) if path else default_config_path()
+    data: dict = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as error:
+            raise SchemaError(path, [("", "file not found")]) from error
+        except tomllib.TOMLDecodeError as error:
+            raise SchemaError(path, [("", f"not valid TOML: {error}")]) from error
+    overrides, used = _env_overrides(environ)
+    for section, values in overrides.items():
+        target = data.setdefault(section, {})
+        if isinstance(target, dict):
+            target.update(values)
+    source = str(path) if path else "(defaults)"
+    if used:
+        source += " + environment (" + ", ".join(sorted(used)) + ")"
+    if "source" in data:
+        raise SchemaError(source, [("source", "is set by the loader, not the file")])
+    data["source"] = source
+    return build(AppConfig, data, source)
