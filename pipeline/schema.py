@@ -50,7 +50,7 @@ def _convert(value: Any, tp: Any, key: str, problems: list[tuple[str, str]]) -> 
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is Path and isinstance(value, str):
-        return Path(value).expanduser()
+        return Path(value)  # "~" is expanded where the path is used
     if isinstance(tp, type) and not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
         problems.append((key, f"must be {_type_name(tp)}, got {type(value).__name__} {value!r}"))
         return None
