@@ -1,0 +1,80 @@
+"""The ``voxlane`` command, run as a user runs it: a real process, real models, offline."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def voxlane(*args: str, input: str | None = None, env: dict | None = None, timeout: float = 300):
+    return subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, input=input, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+
+
+def test_help_explains_every_subcommand():
+    result = voxlane("--help")
+    assert result.returncode == 0
+    listed = {line.split()[0] for line in result.stdout.splitlines() if line.startswith("    ") and line.split()}
+    for command in ("serve", "chat", "say", "models", "personas", "doctor", "converse", "client", "mic", "bench"):
+        assert command in listed, command
+
+
+def test_chat_answers_with_real_tokens_from_the_packaged_model():
+    result = voxlane("chat", "--greedy", "What is the capital of France?")
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+
+
+def test_chat_keeps_a_conversation_read_from_stdin():
+    result = voxlane("chat", "--greedy", "--max-tokens", "30", "--persona", "professor",
+                     input="My name is Ada.\nWhat is my name?\n")
+    assert result.returncode == 0, result.stderr
+    answers = [line for line in result.stdout.splitlines() if line.strip()]
+    assert len(answers) >= 2
+    assert "Ada" in result.stdout.split("\n", 1)[1]  # the second answer saw the first turn
+
+
+def test_chat_refuses_an_unknown_persona_and_an_invalid_config(tmp_path):
+    result = voxlane("chat", "--persona", "ghost", "hello")
+    assert result.returncode == 2 and "no persona named 'ghost'" in result.stderr
+    bad = tmp_path / "voxlane.toml"
+    bad.write_text("[llm]\nnum_threads = 0\n")
+    result = voxlane("--config", str(bad), "chat", "hello")
+    assert result.returncode == 2
+    assert "refusing to start" in result.stderr and "llm.num_threads" in result.stderr and str(bad) in result.stderr
+
+
+def test_models_list_and_path():
+    listing = voxlane("models", "list")
+    assert listing.returncode == 0
+    for name in ("whisper-base", "whisper-tiny.en", "smollm2-135m-instruct", "piper-en_US-joe-medium", "silero-vad"):
+        assert name in listing.stdout
+    path = voxlane("models", "path", "whisper-tiny.en")
+    assert path.returncode == 0 and (Path(path.stdout.strip()) / "model.bin").exists()
+    offline = voxlane("models", "pull", "Qwen/Qwen2.5-0.5B-Instruct")
+    assert offline.returncode == 2 and "use a packaged model" in offline.stderr
+
+
+def test_personas_commands(tmp_path):
+    listing = voxlane("personas", "list")
+    assert listing.returncode == 0 and "professor" in listing.stdout and "pirate" in listing.stdout
+    show = voxlane("personas", "show", "pirate")
+    assert show.returncode == 0 and "Captain Flint" in show.stdout and "speaking_rate" in show.stdout
+    assert voxlane("personas", "validate").returncode == 0
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "X"\nsystem_prompt = "y"\n[voice]\nspeaking_rate = 9\n')
+    result = voxlane("personas", "validate", str(bad))
+    assert result.returncode == 1 and "voice.speaking_rate" in result.stdout
+
+
+def test_doctor_reports_each_check():
+    result = voxlane("doctor")
+    for name in ("python", "torch", "config", "PortAudio", "model llm", "port"):
+        assert f"] {name}" in result.stdout, name
+    # this machine has everything the required checks need (./dev setup installed it)
+    assert result.returncode == 0, result.stdout
