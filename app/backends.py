@@ -10,9 +10,11 @@ def make_llm_backend(config: AppConfig, backend: str | None = None) -> LLMBacken
     """The LLM backend named by ``backend`` (default: ``config.llm.backend``), with its model loaded."""
     kind = backend or config.llm.backend
     if kind == "openai":
-        from engine.remote import RemoteBackend
+        from engine.remote import RemoteBackend, RemoteSettings
 
-        return RemoteBackend(config.llm)
+        llm = config.llm
+        return RemoteBackend(RemoteSettings(llm.base_url, llm.remote_model, llm.api_key, llm.timeout_s,
+                                            llm.max_retries, context_length=llm.remote_context_length))
     model_dir = model_store.resolve(config.models.llm, "llm")
     if kind == "transformers":
         from engine.reference import TransformersBackend

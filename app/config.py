@@ -74,6 +74,8 @@ class LLMConfig:
     remote_model: str = ""
     api_key: str = ""
     timeout_s: float = 30.0
+    max_retries: int = 3  # before the first token only: a retry after speech would repeat it
+    remote_context_length: int = 8192  # the remote model's context, for trimming history
 
     def __post_init__(self) -> None:
         check(self.backend in LLM_BACKENDS, "backend", f"must be one of {', '.join(LLM_BACKENDS)}, got {self.backend!r}")
@@ -81,6 +83,9 @@ class LLMConfig:
         check(self.backend != "openai" or self.base_url.startswith(("http://", "https://")), "base_url",
               "must be an http(s) URL when backend is 'openai'")
         check(0 < self.timeout_s <= 600, "timeout_s", f"must be in (0, 600], got {self.timeout_s}")
+        check(0 <= self.max_retries <= 10, "max_retries", f"must be in [0, 10], got {self.max_retries}")
+        check(512 <= self.remote_context_length <= 1 << 20, "remote_context_length",
+              f"must be in [512, 1048576], got {self.remote_context_length}")
 
 
 @dataclass(frozen=True)
