@@ -1,0 +1,54 @@
+"""``EngineConfig``: every knob of the engine, with defaults and validation."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("float32", "bfloat16")
+QUANTS = ("none", "int8")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine runs. Errors read ``"field: message"`` so the app's config loader can key them.
+
+    The default (bfloat16 activations, int8 weights) is the fast one whose quality was measured to
+    hold (docs/engine.md); ``dtype="float32", quant="none"`` is the exact reference mode.
+    """
+
+    dtype: str = "bfloat16"  # activations and KV cache: "float32" | "bfloat16"
+    quant: str = "int8"  # weights: "none" | "int8" (weight-only, per-output-channel scales)
+    max_batch_size: int = 8  # sequences decoded together in one step
+    num_slots: int = 8  # KV-cache slots (running sequences + idle conversations kept warm)
+    max_seq_len: int = 2048  # positions per slot (capped by the model's max_position_embeddings)
+    admission_window_ms: float = 10.0  # an idle engine waits this long for more requests to batch
+    prefill_chunk_tokens: int = 256  # prompt tokens per step, so a long prompt never stalls streams
+    num_threads: int = 0  # torch.set_num_threads; 0 = leave torch's setting alone
+    compile: bool = False  # torch.compile the decode step (measured: see docs/engine.md)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: must be one of {DTYPES}, got {self.dtype!r}")
+        if self.quant not in QUANTS:
+            raise ValueError(f"quant: must be one of {QUANTS}, got {self.quant!r}")
+        if not 1 <= self.max_batch_size <= 256:
+            raise ValueError(f"max_batch_size: must be in [1, 256], got {self.max_batch_size}")
+        if not 1 <= self.num_slots <= 1024:
+            raise ValueError(f"num_slots: must be in [1, 1024], got {self.num_slots}")
+        if self.num_slots < self.max_batch_size:
+            raise ValueError(f"num_slots: must be >= max_batch_size ({self.max_batch_size}), got {self.num_slots}")
+        if not 16 <= self.max_seq_len <= 131072:
+            raise ValueError(f"max_seq_len: must be in [16, 131072], got {self.max_seq_len}")
+        if not 0.0 <= self.admission_window_ms <= 1000.0:
+            raise ValueError(f"admission_window_ms: must be in [0, 1000], got {self.admission_window_ms}")
+        if not 1 <= self.prefill_chunk_tokens <= 65536:
+            raise ValueError(f"prefill_chunk_tokens: must be in [1, 65536], got {self.prefill_chunk_tokens}")
+        if not 0 <= self.num_threads <= 512:
+            raise ValueError(f"num_threads: must be in [0, 512], got {self.num_threads}")
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile: must be true or false, got {self.compile!r}")
+
+    @property
+    def torch_dtype(self):
+        import torch
+
+        return getattr(torch, self.dtype)

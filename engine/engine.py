@@ -1,0 +1,289 @@
+"""``LLMEngine``: submit requests, get streams of text deltas; one step loop decodes them together.
+
+    step() = schedule -> run (one prefill chunk, one batched decode) -> postprocess (sample, detokenize,
+    stop checks, push deltas)
+
+By default a background thread runs steps whenever there is work; ``background=False`` leaves the
+stepping to the caller (tests, benchmarks). ``submit`` and ``cancel`` are safe from any thread: they
+go through a locked inbox that the step drains, so the scheduler itself is only touched by the
+stepping thread.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.kv_cache import KVCache
+from engine.loader import load_config, load_model, load_tokenizer
+from engine.quant import quantize_int8, weight_bytes
+from engine.runner import ModelRunner
+from engine.sampler import Sampler
+from engine.sampling import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence, SequenceIds
+from engine.stream import TokenStream
+from engine.text import StopStringFilter
+
+Prompt = list[dict] | list[int] | str  # chat messages, token ids, or raw text
+
+
+@dataclass
+class EngineStats:
+    """A snapshot for metrics and the UI."""
+
+    waiting: int  # queue depth
+    running: int
+    slots_busy: int
+    slots_held: int  # conversations keeping a slot warm
+    num_slots: int
+    tokens_generated: int
+    tokens_per_s: float  # generated tokens per second over the last few seconds, all streams
+    steps: int
+
+
+@dataclass
+class _Request:
+    """Engine-side output state of one sequence."""
+
+    stream: TokenStream
+    detokenizer: IncrementalDetokenizer
+    stop_filter: StopStringFilter
+
+
+class LLMEngine:
+    """Our engine on one model directory (HF safetensors or .gguf) with an ``EngineConfig``."""
+
+    def __init__(self, model_path: str | Path, config: EngineConfig | None = None, *, background: bool = True):
+        self.config = config or EngineConfig()
+        if self.config.num_threads:
+            torch.set_num_threads(self.config.num_threads)
+        self.tokenizer = load_tokenizer(model_path)
+        hf_config = load_config(model_path)
+        self.model = load_model(model_path, self.config.torch_dtype, self.config.max_seq_len)
+        if self.config.quant == "int8":
+            quantize_int8(self.model)
+        self.weight_bytes = weight_bytes(self.model)
+        self.max_seq_len = self.model.max_seq_len
+        self.kv_cache = KVCache(self.model.args, self.config.num_slots, self.max_seq_len, self.config.torch_dtype)
+        self.runner = ModelRunner(self.model, self.kv_cache, compile=self.config.compile)
+        self.scheduler = Scheduler(self.kv_cache, self.config.max_batch_size, self.config.prefill_chunk_tokens)
+        self.sampler = Sampler()
+        self.eos_ids = self._end_of_turn_ids(hf_config)
+        self._ids = SequenceIds()
+        self._requests: dict[int, _Request] = {}
+        self._lock = threading.Condition()
+        self._inbox: deque[Sequence] = deque()
+        self._cancel_inbox: list[int] = []
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps
+        self._tokens_generated = 0
+        self._steps = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._loop, name="voxlane-engine", daemon=True)
+            self._thread.start()
+
+    def _end_of_turn_ids(self, hf_config) -> set[int]:
+        ids: set[int] = set()
+        for value in (getattr(hf_config, "eos_token_id", None), self.tokenizer.eos_token_id):
+            ids.update(value if isinstance(value, (list, tuple)) else [value] if value is not None else [])
+        for token in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>"):
+            token_id = self.tokenizer.convert_tokens_to_ids(token)
+            if isinstance(token_id, int) and token_id != self.tokenizer.unk_token_id:
+                ids.add(token_id)
+        return ids
+
+    # ---- requests ----
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Chat messages -> ids with the chat template (and generation prompt); ids pass through."""
+        if isinstance(prompt, str):
+            return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+        if prompt and isinstance(prompt[0], int):
+            return list(prompt)
+        ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def submit(self, prompt: Prompt, sampling: SamplingParams | None = None, session: str | None = None) -> TokenStream:
+        """Queue a request; returns its stream at once. ``session`` keeps the KV cache between turns."""
+        sampling = sampling or SamplingParams()
+        ids = self.encode(prompt)
+        if not ids:
+            raise ValueError("prompt: empty")
+        if len(ids) >= self.max_seq_len:
+            raise ValueError(f"prompt: {len(ids)} tokens do not fit max_seq_len {self.max_seq_len}")
+        seq = Sequence(self._ids.next(), ids, sampling, session)
+        stream = TokenStream(seq.id, self.cancel)
+        stream.prompt_tokens = len(ids)
+        self._requests[seq.id] = _Request(stream, IncrementalDetokenizer(self.tokenizer, ids), StopStringFilter(sampling.stop))
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("engine is closed")
+            self._inbox.append(seq)
+            self._lock.notify()
+        return stream
+
+    def cancel(self, request_id: int) -> None:
+        """End a request at the next step and free its slot (a finished request: no effect)."""
+        with self._lock:
+            self._cancel_inbox.append(request_id)
+            self._lock.notify()
+
+    def generate(self, prompt: Prompt, sampling: SamplingParams | None = None, session: str | None = None) -> str:
+        """Blocking convenience: the whole answer (steps itself when there is no background thread)."""
+        stream = self.submit(prompt, sampling, session)
+        if self._thread is None:
+            self.run_until_idle()
+        return stream.text()
+
+    def drop_session(self, session: str) -> None:
+        """Forget a conversation's cached tokens (its slot is reused)."""
+        with self._lock:
+            self.kv_cache.drop_session(session)
+
+    # ---- the step loop ----
+    @property
+    def has_work(self) -> bool:
+        return bool(self._inbox or self._cancel_inbox or self.scheduler.has_work)
+
+    def step(self) -> None:
+        """schedule -> run -> postprocess, once."""
+        self._drain_inbox()
+        plan = self.scheduler.schedule()
+        for seq in plan.cancelled:
+            self._close(seq)
+        new_tokens = 0
+        if plan.prefill is not None:
+            seq, start, end = plan.prefill, plan.prefill_start, plan.prefill_end
+            is_last = end == len(seq.prompt_ids)
+            logits = self.runner.prefill(seq.slot, seq.prompt_ids[start:end], start, want_logits=is_last)
+            seq.num_cached = end
+            if logits is not None:
+                token = self.sampler.sample(logits[None], [seq.sampling], [seq.id], [seq.all_ids])[0]
+                self._append(seq, token)
+                new_tokens += 1
+        if plan.decode:
+            seqs = plan.decode
+            logits = self.runner.decode([s.slot for s in seqs], [s.all_ids[-1] for s in seqs],
+                                        [s.num_tokens - 1 for s in seqs])
+            for seq in seqs:
+                seq.num_cached += 1
+            tokens = self.sampler.sample(logits, [s.sampling for s in seqs], [s.id for s in seqs],
+                                         [s.all_ids for s in seqs])
+            for seq, token in zip(seqs, tokens):
+                self._append(seq, token)
+            new_tokens += len(seqs)
+        self._steps += 1
+        self._record(new_tokens)
+
+    def run_until_idle(self, max_steps: int | None = None) -> None:
+        """Step until no request is left (for ``background=False`` use)."""
+        steps = 0
+        while self.has_work and (max_steps is None or steps < max_steps):
+            self.step()
+            steps += 1
+
+    def _drain_inbox(self) -> None:
+        with self._lock:
+            arrived, self._inbox = list(self._inbox), deque()
+            cancels, self._cancel_inbox = self._cancel_inbox, []
+        for seq in arrived:
+            self.scheduler.add(seq)
+        for request_id in cancels:
+            if request_id in self._requests:
+                self.scheduler.cancel(request_id)
+
+    def _append(self, seq: Sequence, token: int) -> None:
+        """Postprocess one new token: end of turn, text delta, stop strings, limits."""
+        request = self._requests[seq.id]
+        if seq.first_token_s is None:
+            seq.first_token_s = time.perf_counter()
+            request.stream.ttft_s = seq.ttft_s
+            request.stream.cached_tokens = seq.num_reused
+        if token in self.eos_ids:
+            return self._finish(seq, "stop")
+        seq.output_ids.append(token)
+        text, hit_stop = request.stop_filter.feed(request.detokenizer.add(token))
+        if text:
+            request.stream.put(text)
+        if hit_stop:
+            self._finish(seq, "stop")
+        elif len(seq.output_ids) >= seq.sampling.max_tokens or seq.num_tokens >= self.max_seq_len:
+            self._finish(seq, "length")
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        if reason == "length":
+            tail = self._requests[seq.id].stop_filter.flush()
+            if tail:
+                self._requests[seq.id].stream.put(tail)
+        self.scheduler.finish(seq, reason)
+        self._close(seq)
+
+    def _close(self, seq: Sequence, error: BaseException | None = None) -> None:
+        request = self._requests.pop(seq.id, None)
+        self.sampler.forget(seq.id)
+        if request is not None:
+            request.stream.output_ids = list(seq.output_ids)
+            request.stream.close(seq.finish_reason or "error", error)
+
+    def _record(self, new_tokens: int) -> None:
+        now = time.perf_counter()
+        self._tokens_generated += new_tokens
+        self._recent.append((now, new_tokens))
+        while self._recent and now - self._recent[0][0] > 5.0:
+            self._recent.popleft()
+
+    def _loop(self) -> None:
+        window_s = self.config.admission_window_ms / 1000.0
+        while True:
+            with self._lock:
+                while not self._closed and not self.has_work:
+                    self._lock.wait()
+                if self._closed:
+                    return
+                was_idle = not self.scheduler.running
+            if was_idle and window_s > 0:
+                time.sleep(window_s)  # requests arriving together start together (one batch)
+            try:
+                self.step()
+            except BaseException as error:  # never die silently: end every request with the error
+                self._fail_all(error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self.scheduler.finish(seq, "error")
+            self._close(seq, error)
+
+    # ---- introspection ----
+    def stats(self) -> EngineStats:
+        recent = list(self._recent)
+        span = recent[-1][0] - recent[0][0] if len(recent) > 1 else 0.0
+        rate = sum(n for _, n in recent[1:]) / span if span > 0 else 0.0
+        return EngineStats(waiting=len(self.scheduler.waiting) + len(self._inbox), running=len(self.scheduler.running),
+                           slots_busy=self.kv_cache.num_busy, slots_held=self.kv_cache.num_sessions,
+                           num_slots=len(self.kv_cache.slots), tokens_generated=self._tokens_generated,
+                           tokens_per_s=rate, steps=self._steps)
+
+    @property
+    def num_open_requests(self) -> int:
+        return len(self._requests)
+
+    def close(self) -> None:
+        """Stop the loop; open requests end as cancelled."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self.scheduler.finish(seq, "cancelled")
+            self._close(seq)
+        for seq in list(self._inbox):
+            seq.finish_reason = "cancelled"
+            self._close(seq)

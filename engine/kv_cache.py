@@ -1,0 +1,105 @@
+"""KV-cache slots: preallocated storage plus who owns each slot and which tokens it holds.
+
+A conversation (``session``) keeps its slot between turns, remembering the token ids whose k/v
+the slot holds. A new turn reuses the longest common prefix of those ids and its new prompt, so
+only the new tokens are prefilled. When the history was trimmed or edited the common prefix is
+shorter and the rest is recomputed; when the slot was reclaimed for someone else it is empty and
+the turn falls back to a full prefill. Either way the result equals a full prefill.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.model import KVCacheTensors, ModelArgs
+
+
+@dataclass
+class Slot:
+    """One row of the cache. ``tokens`` are the ids whose k/v sit at positions 0..len-1."""
+
+    index: int
+    session: str | None = None
+    tokens: list[int] = field(default_factory=list)
+    is_busy: bool = False  # a running sequence writes it
+    last_used: int = 0
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class KVCache:
+    """Preallocated per-slot KV cache (``tensors``, written in place by the model) and its slots."""
+
+    def __init__(self, args: ModelArgs, num_slots: int, max_seq_len: int, dtype: torch.dtype):
+        self.max_seq_len = max_seq_len
+        self.tensors = KVCacheTensors(args.num_layers, num_slots, args.num_kv_heads, max_seq_len, args.head_dim, dtype)
+        self.slots = [Slot(i) for i in range(num_slots)]
+        self._by_session: dict[str, Slot] = {}
+        self._clock = itertools.count(1)
+
+    def acquire(self, session: str | None, prompt_ids: list[int]) -> tuple[int, int] | None:
+        """Claim a slot for a sequence: (slot index, number of prompt tokens already cached), or
+        None when no slot can be had now (all busy, or this session's slot is still busy)."""
+        slot = self._by_session.get(session) if session is not None else None
+        if slot is not None and slot.is_busy:
+            return None  # the session's previous turn has not released it yet (e.g. cancel pending)
+        if slot is None:
+            slot = self._free_slot()
+            if slot is None:
+                return None
+            if slot.session is not None:  # reclaiming an idle conversation: it will prefill fully later
+                del self._by_session[slot.session]
+            slot.session, slot.tokens = session, []
+            if session is not None:
+                self._by_session[session] = slot
+        # At least the last prompt token is recomputed: its logits pick the first new token.
+        reused = min(common_prefix_length(slot.tokens, prompt_ids), len(prompt_ids) - 1)
+        slot.tokens = slot.tokens[:reused]
+        slot.is_busy = True
+        slot.last_used = next(self._clock)
+        return slot.index, reused
+
+    def _free_slot(self) -> Slot | None:
+        # Prefer never-owned slots (lowest index, which keeps batches contiguous), then the
+        # least recently used idle conversation.
+        unowned = [s for s in self.slots if not s.is_busy and s.session is None]
+        if unowned:
+            return unowned[0]
+        idle = [s for s in self.slots if not s.is_busy]
+        return min(idle, key=lambda s: s.last_used) if idle else None
+
+    def release(self, index: int, cached_tokens: list[int]) -> None:
+        """The sequence in slot ``index`` ended; ``cached_tokens`` are the ids whose k/v it wrote.
+        A session keeps them for its next turn; an anonymous slot becomes free."""
+        slot = self.slots[index]
+        slot.is_busy = False
+        slot.tokens = list(cached_tokens) if slot.session is not None else []
+        slot.last_used = next(self._clock)
+
+    def drop_session(self, session: str) -> None:
+        """Forget a conversation; its slot becomes free (unless busy: then when it is released)."""
+        slot = self._by_session.pop(session, None)
+        if slot is not None:
+            slot.session = None
+            if not slot.is_busy:
+                slot.tokens = []
+
+    @property
+    def num_busy(self) -> int:
+        return sum(s.is_busy for s in self.slots)
+
+    @property
+    def num_sessions(self) -> int:
+        return len(self._by_session)
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensors.k.nbytes + self.tensors.v.nbytes

@@ -1,0 +1,136 @@
+"""HF-format checkpoints -> our ``Transformer``: config, tokenizer and weights.
+
+Reads ``config.json`` and the tokenizer with transformers, the weights with safetensors (one file
+or shards), and renames/fuses them into our layout (q/k/v -> ``qkv``, gate/up -> ``gate_up``).
+A ``.gguf`` file is read through transformers' GGUF support (dequantized to fp32; slow, ~15 s),
+which is what Voxlane's model store does once for the packaged SmolLM2.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from engine.model import ModelArgs, Transformer
+from engine.rope import rope_frequencies
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+
+
+def model_args_from_config(config) -> ModelArgs:
+    """Our ``ModelArgs`` from a transformers config (Llama, Qwen2, Mistral families)."""
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise NotImplementedError(f"model_type {config.model_type!r}: supported are {SUPPORTED_MODEL_TYPES}")
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    qkv_bias = config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
+    return ModelArgs(
+        vocab_size=config.vocab_size,
+        dim=config.hidden_size,
+        num_layers=config.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        intermediate_size=config.intermediate_size,
+        norm_eps=float(config.rms_norm_eps),
+        max_position_embeddings=int(getattr(config, "max_position_embeddings", 2048)),
+        qkv_bias=qkv_bias,
+        o_bias=config.model_type == "llama" and bool(getattr(config, "attention_bias", False)),
+        mlp_bias=bool(getattr(config, "mlp_bias", False)),
+        tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+    )
+
+
+def read_hf_weights(model_dir: Path) -> dict[str, Tensor]:
+    """All tensors of a safetensors checkpoint (single file or shards), by HF name."""
+    from safetensors.torch import load_file
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    weights: dict[str, Tensor] = {}
+    for file in files:
+        weights.update(load_file(str(file)))
+    return weights
+
+
+def read_gguf_weights(gguf_path: Path) -> tuple[object, dict[str, Tensor]]:
+    """(config, HF-named fp32 tensors) from a GGUF file, dequantized by transformers."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    return hf.config, dict(hf.state_dict())
+
+
+def convert_hf_weights(hf: dict[str, Tensor], args: ModelArgs) -> dict[str, Tensor]:
+    """HF names -> ours, fusing q/k/v into ``qkv`` and gate/up into ``gate_up``."""
+    out = {"embed.weight": hf["model.embed_tokens.weight"], "norm.weight": hf["model.norm.weight"]}
+    if not args.tie_embeddings:
+        out["lm_head.weight"] = hf["lm_head.weight"]
+    for i in range(args.num_layers):
+        src, dst = f"model.layers.{i}.", f"layers.{i}."
+        attn, mlp = src + "self_attn.", src + "mlp."
+        out[dst + "input_norm.weight"] = hf[src + "input_layernorm.weight"]
+        out[dst + "post_attn_norm.weight"] = hf[src + "post_attention_layernorm.weight"]
+        out[dst + "attn.qkv.weight"] = torch.cat([hf[attn + p + ".weight"] for p in ("q_proj", "k_proj", "v_proj")])
+        if args.qkv_bias:
+            out[dst + "attn.qkv.bias"] = torch.cat([hf[attn + p + ".bias"] for p in ("q_proj", "k_proj", "v_proj")])
+        out[dst + "attn.o_proj.weight"] = hf[attn + "o_proj.weight"]
+        if args.o_bias:
+            out[dst + "attn.o_proj.bias"] = hf[attn + "o_proj.bias"]
+        out[dst + "mlp.gate_up.weight"] = torch.cat([hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"]])
+        out[dst + "mlp.down_proj.weight"] = hf[mlp + "down_proj.weight"]
+        if args.mlp_bias:
+            out[dst + "mlp.gate_up.bias"] = torch.cat([hf[mlp + "gate_proj.bias"], hf[mlp + "up_proj.bias"]])
+            out[dst + "mlp.down_proj.bias"] = hf[mlp + "down_proj.bias"]
+    return out
+
+
+def load_config(model_path: str | Path):
+    """The transformers config of a model directory (or of a .gguf file)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoConfig
+
+    path = Path(model_path)
+    if path.suffix == ".gguf":
+        return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    return AutoConfig.from_pretrained(path)
+
+
+def load_tokenizer(model_path: str | Path):
+    """The HF tokenizer (and chat template) of a model directory or .gguf file."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    path = Path(model_path)
+    if path.suffix == ".gguf":
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_model(model_path: str | Path, dtype: torch.dtype = torch.float32, max_seq_len: int | None = None) -> Transformer:
+    """Build our ``Transformer`` from an HF directory (safetensors) or a .gguf file, in ``dtype``."""
+    path = Path(model_path)
+    if path.suffix == ".gguf":
+        config, hf_weights = read_gguf_weights(path)
+    else:
+        config, hf_weights = load_config(path), read_hf_weights(path)
+    args = model_args_from_config(config)
+    if max_seq_len is not None:
+        max_seq_len = min(max_seq_len, args.max_position_embeddings)
+    inv_freq, attention_factor = rope_frequencies(config, args.head_dim)
+    weights = convert_hf_weights(hf_weights, args)
+    del hf_weights
+    with torch.device("meta"):  # no random init of 135M+ parameters we are about to overwrite
+        model = Transformer(args, inv_freq, attention_factor, max_seq_len)
+    if args.tie_embeddings:  # the head *is* the embedding: one tensor, loaded once
+        weights["lm_head.weight"] = weights["embed.weight"]
+    model.load_state_dict(weights, strict=True, assign=True)
+    if args.tie_embeddings:
+        model.lm_head.weight = model.embed.weight
+    model.inv_freq = inv_freq.float()
+    model = model.to(dtype).eval()
+    model.set_rope_dtype(dtype)
+    return model.requires_grad_(False)

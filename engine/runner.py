@@ -1,0 +1,58 @@
+"""``ModelRunner``: turns a step plan into model forwards (prefill chunk, batched decode).
+
+It owns the model and the cache tensors and builds each forward's ``AttentionBatch``: where the new
+k/v go, which cache rows are read, and the boolean mask (only what differing lengths need).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from engine.kv_cache import KVCache
+from engine.model import AttentionBatch, Transformer
+
+
+class ModelRunner:
+    """Runs prefill chunks and decode batches of our ``Transformer`` against a ``KVCache``."""
+
+    def __init__(self, model: Transformer, kv_cache: KVCache, compile: bool = False):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.group = model.args.num_heads // model.args.num_kv_heads  # R query heads per kv head
+        self._decode_forward = model.forward
+        if compile:
+            # dynamic=True: batch size and cache length change every step; one graph for all.
+            self._decode_forward = torch.compile(model.forward, dynamic=True)
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, token_ids: list[int], start: int, want_logits: bool = True) -> Tensor | None:
+        """Write k/v for ``token_ids`` at positions start.. of ``slot``; logits [V] of the last one."""
+        T = len(token_ids)
+        L = start + T
+        positions = torch.arange(start, L).unsqueeze(0)  # [1, T]
+        # Causal with an offset: query i (position start+i) sees keys 0..start+i. Rows repeat per
+        # query head of a group because q is laid out [Hkv, R*T, d].
+        mask = torch.arange(L).unsqueeze(0) <= positions.T  # [T, L]
+        batch = AttentionBatch(slots=torch.tensor([slot]), positions=positions,
+                               read_rows=slice(slot, slot + 1), kv_len=L,
+                               mask=mask.repeat(self.group, 1)[None, None])  # [1, 1, R*T, L]
+        hidden = self.model(torch.tensor([token_ids]), positions, self.kv_cache.tensors, batch)
+        return self.model.logits(hidden[0, -1]) if want_logits else None
+
+    @torch.inference_mode()
+    def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> Tensor:
+        """One new token per sequence (slots sorted ascending) -> logits [B, V]."""
+        B = len(slots)
+        pos = torch.tensor(positions).unsqueeze(1)  # [B, 1]
+        L = max(positions) + 1
+        if slots[-1] - slots[0] + 1 == B:
+            rows: slice | Tensor = slice(slots[0], slots[-1] + 1)  # consecutive slots: a view
+        else:
+            rows = torch.tensor(slots)  # holes between slots: gather (copies the rows read)
+        if min(positions) == L - 1:
+            mask = None  # every sequence attends all L keys
+        else:
+            mask = (torch.arange(L).unsqueeze(0) <= pos)[:, None, None, :]  # [B, 1, 1, L]
+        batch = AttentionBatch(slots=torch.tensor(slots), positions=pos, read_rows=rows, kv_len=L, mask=mask)
+        hidden = self._decode_forward(torch.tensor(token_ids).unsqueeze(1), pos, self.kv_cache.tensors, batch)
+        return self.model.logits(hidden[:, 0])

@@ -1,0 +1,64 @@
+"""``Sampler``: picks the next token of every sequence in a batch, each with its own settings.
+
+Greedy batches (the common voice case at temperature 0) take one ``argmax``; otherwise each row gets
+repetition penalty, temperature, top-k and top-p, and draws from its own seeded generator, so a
+seeded request produces the same tokens whatever else shares its batch.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from engine.sampling import SamplingParams
+
+
+def apply_repetition_penalty(logits: Tensor, seen_ids: list[int], penalty: float) -> Tensor:
+    """HF's rule over prompt and output ids: positive logits / penalty, negative ones * penalty."""
+    if penalty == 1.0 or not seen_ids:
+        return logits
+    ids = torch.tensor(sorted(set(seen_ids)))
+    picked = logits[ids]
+    logits[ids] = torch.where(picked > 0, picked / penalty, picked * penalty)
+    return logits
+
+
+def filter_top_k_top_p(logits: Tensor, top_k: int, top_p: float) -> Tensor:
+    """logits [V] with everything outside the top-k / nucleus set to -inf."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        # Drop a token when the tokens before it already reach top_p (the first is always kept).
+        drop = (cumulative - sorted_logits.softmax(-1)) >= top_p
+        logits = logits.index_fill(0, order[drop], float("-inf"))
+    return logits
+
+
+class Sampler:
+    """Per-sequence sampling inside one batch; ``generators`` hold seeded RNG state by sequence id."""
+
+    def __init__(self):
+        self.generators: dict[int, torch.Generator] = {}
+
+    def forget(self, seq_id: int) -> None:
+        self.generators.pop(seq_id, None)
+
+    def sample(self, logits: Tensor, params: list[SamplingParams], seq_ids: list[int],
+               seen_ids: list[list[int]]) -> list[int]:
+        """logits [B, V] float32 -> one token id per row."""
+        if all(p.is_greedy and p.repetition_penalty == 1.0 for p in params):
+            return logits.argmax(-1).tolist()
+        return [self._sample_row(logits[i], params[i], seq_ids[i], seen_ids[i]) for i in range(len(params))]
+
+    def _sample_row(self, logits: Tensor, p: SamplingParams, seq_id: int, seen_ids: list[int]) -> int:
+        logits = apply_repetition_penalty(logits.clone(), seen_ids, p.repetition_penalty)
+        if p.is_greedy:
+            return int(logits.argmax())
+        logits = filter_top_k_top_p(logits / p.temperature, p.top_k, p.top_p)
+        probs = logits.softmax(-1)
+        generator = self.generators.get(seq_id)
+        if generator is None and p.seed is not None:
+            generator = self.generators[seq_id] = torch.Generator().manual_seed(p.seed)
+        return int(torch.multinomial(probs, 1, generator=generator))

@@ -1,0 +1,102 @@
+"""The scheduler moves sequences between the ``waiting`` and ``running`` deques, nothing more.
+
+Each step it (1) removes cancelled sequences and frees their slots, (2) admits waiting sequences
+while the batch has room and a slot can be had (continuous batching: admission happens between
+any two steps), and (3) plans the step: at most one prefill *chunk* (so a long prompt only delays
+running streams by one chunk per step) and one decode token for every sequence past its prompt.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.kv_cache import KVCache
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class StepPlan:
+    """What one step runs: a prefill chunk [start, end) of one sequence's prompt, and a decode batch
+    (sorted by slot so consecutive slots can be read from the cache as a view)."""
+
+    prefill: Sequence | None = None
+    prefill_start: int = 0
+    prefill_end: int = 0
+    decode: list[Sequence] = field(default_factory=list)
+    cancelled: list[Sequence] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.prefill is None and not self.decode
+
+
+class Scheduler:
+    """Waiting/running deques, slot admission, chunked prefill planning and cancellation."""
+
+    def __init__(self, kv_cache: KVCache, max_batch_size: int, prefill_chunk_tokens: int):
+        self.kv_cache = kv_cache
+        self.max_batch_size = max_batch_size
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()
+        self._cancel_requested: set[int] = set()
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def cancel(self, seq_id: int) -> None:
+        """Takes effect at the next ``schedule()``: the sequence ends and its slot is released."""
+        self._cancel_requested.add(seq_id)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self._cancel_requested)
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan(cancelled=self._remove_cancelled())
+        self._admit()
+        for seq in self.running:
+            if seq.is_prefilling:  # FIFO: the oldest admitted prompt gets this step's chunk
+                plan.prefill = seq
+                plan.prefill_start = seq.num_cached
+                plan.prefill_end = min(len(seq.prompt_ids), seq.num_cached + self.prefill_chunk_tokens)
+                break
+        plan.decode = sorted((s for s in self.running if not s.is_prefilling), key=lambda s: s.slot)
+        return plan
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End a running sequence; its slot keeps the tokens whose k/v were written (for a session)."""
+        if seq.status is SequenceStatus.FINISHED:
+            return
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.kv_cache.release(seq.slot, seq.all_ids[: seq.num_cached])
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def _remove_cancelled(self) -> list[Sequence]:
+        if not self._cancel_requested:
+            return []
+        ids, self._cancel_requested = self._cancel_requested, set()
+        cancelled = [s for s in (*self.waiting, *self.running) if s.id in ids]
+        for seq in cancelled:
+            self.finish(seq, "cancelled")
+        return cancelled
+
+    def _admit(self) -> None:
+        # Scan in arrival order; a sequence whose session slot is still busy is skipped, not a
+        # barrier for the others behind it.
+        for seq in list(self.waiting):
+            if len(self.running) >= self.max_batch_size:
+                break
+            claim = self.kv_cache.acquire(seq.session, seq.prompt_ids)
+            if claim is None:
+                continue
+            seq.slot, seq.num_cached = claim
+            seq.num_reused = seq.num_cached
+            seq.status = SequenceStatus.RUNNING
+            self.waiting.remove(seq)
+            self.running.append(seq)

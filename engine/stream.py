@@ -1,0 +1,61 @@
+"""``TokenStream``: the text deltas of one request, readable from a thread or from asyncio."""
+from __future__ import annotations
+
+import asyncio
+import queue
+from typing import AsyncIterator, Callable, Iterator
+
+_END = object()
+
+
+class TokenStream:
+    """Iterate (``for delta in stream``) or ``async for delta in stream``; ``cancel()`` from anywhere.
+
+    The engine thread ``put``s deltas and finally ``close``s; after the end ``finish_reason`` is one
+    of "stop", "length", "cancelled", "error", and ``output_ids``/``ttft_s`` describe the answer.
+    """
+
+    def __init__(self, request_id: int, cancel: Callable[[int], None]):
+        self.request_id = request_id
+        self._cancel = cancel
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.finish_reason: str | None = None
+        self.output_ids: list[int] = []
+        self.prompt_tokens = 0
+        self.cached_tokens = 0  # prompt tokens found in the session's slot (not recomputed)
+        self.ttft_s: float | None = None
+        self.error: BaseException | None = None
+
+    # -- engine side --
+    def put(self, delta: str) -> None:
+        self._queue.put(delta)
+
+    def close(self, reason: str, error: BaseException | None = None) -> None:
+        self.finish_reason, self.error = reason, error
+        self._queue.put(_END)
+
+    # -- consumer side --
+    def cancel(self) -> None:
+        self._cancel(self.request_id)
+
+    def __iter__(self) -> Iterator[str]:
+        while (item := self._queue.get()) is not _END:
+            yield item
+        self._queue.put(_END)  # a second iteration ends at once instead of blocking
+        if self.error is not None:
+            raise self.error
+
+    async def _aiter(self) -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        while (item := await loop.run_in_executor(None, self._queue.get)) is not _END:
+            yield item
+        self._queue.put(_END)
+        if self.error is not None:
+            raise self.error
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._aiter()
+
+    def text(self) -> str:
+        """Block until the end and return the whole answer."""
+        return "".join(self)

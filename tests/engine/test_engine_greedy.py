@@ -1,0 +1,100 @@
+"""Greedy equivalences in exact (fp32) mode: cache reuse, batching and chunking change nothing."""
+from __future__ import annotations
+
+import pytest
+
+from engine.sampling import SamplingParams
+from tests.engine.conftest import GREEDY_PROMPTS
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+
+
+def _run_alone(engine, prompt, sampling=GREEDY, session=None):
+    stream = engine.submit(prompt, sampling, session=session)
+    engine.run_until_idle()
+    return stream
+
+
+def test_greedy_matches_transformers_generate(fp32_engine, hf_model):
+    import torch
+
+    ids = fp32_engine.encode(GREEDY_PROMPTS[0])
+    with torch.inference_mode():
+        out = hf_model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=2)
+    expected = [t for t in out[0, len(ids):].tolist() if t != 2]
+    stream = _run_alone(fp32_engine, GREEDY_PROMPTS[0])
+    assert stream.output_ids == expected[: len(stream.output_ids)]
+    assert stream.text() == fp32_engine.tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_batched_decode_equals_unbatched(fp32_engine):
+    alone = [_run_alone(fp32_engine, p).output_ids for p in GREEDY_PROMPTS]
+    streams = [fp32_engine.submit(p, GREEDY) for p in GREEDY_PROMPTS]
+    fp32_engine.run_until_idle()
+    assert [s.output_ids for s in streams] == alone
+    assert all(len(ids) > 3 for ids in alone)
+
+
+def test_batch_with_slot_holes_equals_unbatched(fp32_engine):
+    """Sessions pin slots 0..2; new requests then sit in non-consecutive slots (gathered rows)."""
+    for i in range(3):
+        _run_alone(fp32_engine, GREEDY_PROMPTS[0], session=f"pin-{i}")
+    alone = [_run_alone(fp32_engine, p).output_ids for p in GREEDY_PROMPTS]
+    streams = [fp32_engine.submit(GREEDY_PROMPTS[0], GREEDY, session="pin-1")]  # slot 1 again
+    streams += [fp32_engine.submit(p, GREEDY) for p in GREEDY_PROMPTS]
+    fp32_engine.run_until_idle()
+    assert [s.output_ids for s in streams[1:]] == alone
+    for i in range(3):
+        fp32_engine.drop_session(f"pin-{i}")
+
+
+def test_chunked_prefill_equals_one_chunk(fp32_engine):
+    prompt = GREEDY_PROMPTS[2]
+    whole = _run_alone(fp32_engine, prompt).output_ids
+    fp32_engine.scheduler.prefill_chunk_tokens = 7
+    try:
+        chunked = _run_alone(fp32_engine, prompt).output_ids
+    finally:
+        fp32_engine.scheduler.prefill_chunk_tokens = fp32_engine.config.prefill_chunk_tokens
+    assert chunked == whole
+
+
+def test_session_reuses_cache_and_equals_full_prefill(fp32_engine):
+    history = [{"role": "system", "content": "You are a helpful voice assistant."}]
+    for turn, question in enumerate(["Hi! Who are you?", "What is two plus two?", "And three plus three?"]):
+        history.append({"role": "user", "content": question})
+        kept = _run_alone(fp32_engine, history, session="conversation")
+        fresh = _run_alone(fp32_engine, history)  # no session: full prefill in a clean slot
+        assert kept.output_ids == fresh.output_ids
+        if turn > 0:  # everything up to the new user message came from the cache
+            assert kept.cached_tokens > 0.6 * kept.prompt_tokens
+        history.append({"role": "assistant", "content": kept.text()})
+    # Trimmed history (first exchange dropped): only the common prefix (the system prompt) is reused.
+    trimmed = history[:1] + history[3:]
+    kept = _run_alone(fp32_engine, trimmed, session="conversation")
+    assert 0 < kept.cached_tokens < kept.prompt_tokens // 2
+    assert kept.output_ids == _run_alone(fp32_engine, trimmed).output_ids
+    fp32_engine.drop_session("conversation")
+
+
+def test_reclaimed_session_slot_falls_back_to_full_prefill(fp32_engine):
+    engine = fp32_engine
+    prompt = [{"role": "user", "content": "Say hello."}]
+    _run_alone(engine, prompt, session="old")
+    for i in range(len(engine.kv_cache.slots)):  # more sessions than slots: "old" is the LRU victim
+        _run_alone(engine, [{"role": "user", "content": f"Number {i}"}], SamplingParams(temperature=0, max_tokens=1),
+                   session=f"filler-{i}")
+    again = _run_alone(engine, prompt, session="old")
+    assert again.cached_tokens == 0
+    assert again.output_ids == _run_alone(engine, prompt).output_ids
+    for i in range(len(engine.kv_cache.slots)):
+        engine.drop_session(f"filler-{i}")
+    engine.drop_session("old")
+    assert engine.kv_cache.num_sessions == 0
+
+
+@pytest.mark.parametrize("prompt_kind", ["ids", "text"])
+def test_prompt_forms(fp32_engine, prompt_kind):
+    ids = fp32_engine.encode(GREEDY_PROMPTS[0])
+    prompt = ids if prompt_kind == "ids" else fp32_engine.tokenizer.decode(ids)
+    assert _run_alone(fp32_engine, prompt).output_ids == _run_alone(fp32_engine, GREEDY_PROMPTS[0]).output_ids
