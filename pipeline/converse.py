@@ -1,0 +1,166 @@
+"""``voxlane converse``: the whole voice pipeline on WAV files, with no audio devices.
+
+    voxlane converse question1.wav question2.wav -o answers.wav [--barge-in-at 1.0] [--json]
+
+Each file is one user turn, fed in real time (then silence while the assistant answers); the
+assistant's audio is played on a virtual speaker and written, as heard, to ``-o``. Prints each
+turn's transcript, answer and latency waterfall.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.config import ASRConfig, PipelineConfig
+from pipeline.conversation import ConversationResult, ConversationRunner, InputAudio
+from pipeline.models import PipelineModels
+from pipeline.persona import Persona
+from pipeline.persona_store import PersonaStore
+from pipeline.pipeline import Pipeline
+from pipeline.wavfile import read_wav, write_wav
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--asr", default=ASRConfig().model, help="ASR model: packaged name, path or hub name")
+    parser.add_argument("--llm", default="smollm2-135m-instruct", help="LLM model: packaged name, path or hub name")
+    parser.add_argument("--llm-backend", default="transformers", choices=("transformers", "engine"),
+                        help="the LLM backend (engine: our own, when engine/engine_backend.py exists)")
+    parser.add_argument("--persona", default="nova", help="persona name (a file stem)")
+    parser.add_argument("--persona-dir", type=Path, action="append", help="extra persona directory")
+    parser.add_argument("--temperature", type=float, help="override the persona's temperature (0 = greedy)")
+    parser.add_argument("--max-tokens", type=int, help="override the persona's max_tokens")
+    parser.add_argument("--seed", type=int, help="sampling seed")
+    parser.add_argument("--no-partials", action="store_true", help="no partial transcripts while speaking")
+
+
+def load_models(args: argparse.Namespace, config: PipelineConfig) -> PipelineModels:
+    """Resolves the model specs (packaged, local or hub) and loads everything once."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from app import model_store
+    from pipeline.asr import WhisperTranscriber
+    from pipeline.tts import TTSProvider
+
+    if args.llm_backend == "engine":
+        from engine.engine_backend import EngineBackend  # type: ignore[import-not-found]
+
+        llm = EngineBackend(model_store.resolve(args.llm, "llm"))
+    else:
+        from engine.reference import TransformersBackend
+
+        llm = TransformersBackend(model_store.resolve(args.llm, "llm"), num_threads=2)
+    transcriber = WhisperTranscriber(model_store.resolve(args.asr, "asr"), config.asr)
+    tts = TTSProvider(lambda spec: model_store.resolve(spec, "tts"), config.tts.fallback)
+    return PipelineModels(llm, tts, transcriber, model_store.resolve("silero-vad", "vad"))
+
+
+def pick_persona(args: argparse.Namespace) -> Persona | PersonaStore:
+    """The store (hot reload) unless the command line overrides sampling, then a fixed copy."""
+    from pipeline.persona_store import SHIPPED_DIR
+
+    store = PersonaStore([SHIPPED_DIR] + list(args.persona_dir or []))
+    if args.temperature is None and args.max_tokens is None and args.seed is None:
+        return store
+    persona = store.get(args.persona)
+    changes = {k: v for k, v in (("temperature", args.temperature), ("max_tokens", args.max_tokens),
+                                 ("seed", args.seed)) if v is not None}
+    return dataclasses.replace(persona, sampling=dataclasses.replace(persona.sampling, **changes))
+
+
+def make_pipeline(models: PipelineModels, personas, persona: str, config: PipelineConfig,
+                  session: str = "converse") -> Pipeline:
+    return Pipeline(llm=models.llm, tts=models.tts, personas=personas, persona=persona,
+                    transcriber=models.transcriber, vad_model_path=models.vad_model_path, config=config,
+                    session=session)
+
+
+def read_input(path: Path) -> InputAudio:
+    samples, rate, channels = read_wav(path)
+    return InputAudio(samples, rate, channels)
+
+
+def report(result: ConversationResult) -> dict:
+    turns = []
+    for turn in result.turns:
+        turns.append({"gen": turn.gen, "user": turn.user, "partials": turn.partials, "assistant": turn.assistant,
+                      "spoken": turn.spoken, "error": turn.error, "voice_to_voice_ms": turn.voice_to_voice_ms,
+                      "waterfall": turn.waterfall})
+    return {"turns": turns, "barge_in_stop_ms": result.barge_in_stop_ms}
+
+
+def played_audio(result: ConversationResult, gap_s: float = 0.25) -> tuple[np.ndarray, int]:
+    """Everything the virtual speaker played, turn after turn, at the first turn's rate."""
+    from pipeline.audio import resample_once
+
+    rates = [r for r in result.player.sample_rate.values()]
+    rate = rates[0] if rates else 22050
+    pieces = []
+    for turn in result.turns:
+        audio = result.player.audio(turn.gen)
+        if len(audio):
+            pieces += [resample_once(audio, result.player.sample_rate[turn.gen], rate), np.zeros(int(gap_s * rate), np.int16)]
+    return (np.concatenate(pieces) if pieces else np.zeros(0, np.int16)), rate
+
+
+def print_text(data: dict, history) -> None:
+    for turn in data["turns"]:
+        print(f"--- turn {turn['gen']}")
+        print(f"user:      {turn['user']}")
+        print(f"assistant: {turn['assistant']}")
+        if turn["error"]:
+            print(f"error:     {turn['error']}")
+        ms = turn["waterfall"].get("ms", {})
+        print("waterfall: " + "  ".join(f"{k}={v:.0f}" for k, v in ms.items()) + " (ms from " +
+              str(turn["waterfall"].get("origin")) + ")")
+        if turn["voice_to_voice_ms"] is not None:
+            print(f"voice-to-voice: {turn['voice_to_voice_ms']:.0f} ms (true end of speech -> first audio out)")
+    if data["barge_in_stop_ms"]:
+        print("barge-in: playback stopped " + ", ".join(f"{v:.0f}" for v in data["barge_in_stop_ms"]) +
+              " ms of audio after the interrupting speech began")
+    print("--- history")
+    for exchange in history:
+        mark = " [interrupted]" if exchange.is_interrupted else ""
+        print(f"user: {exchange.user}\nassistant{mark}: {exchange.reply}")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="voxlane converse", description=__doc__.split("\n\n")[0])
+    parser.add_argument("inputs", nargs="+", type=Path, help="WAV files, one user turn each (any rate/channels)")
+    parser.add_argument("-o", "--output", type=Path, help="write the assistant's audio, as played, to this WAV")
+    parser.add_argument("--barge-in-at", type=float, metavar="S",
+                        help="start each next file S seconds after the previous answer began playing")
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    add_model_arguments(parser)
+    args = parser.parse_args(argv)
+    for path in args.inputs:
+        if not path.is_file():
+            print(f"voxlane converse: no such file: {path}", file=sys.stderr)
+            return 2
+    config = PipelineConfig(asr=dataclasses.replace(ASRConfig(), model=args.asr, is_partial_enabled=not args.no_partials))
+    inputs = [read_input(p) for p in args.inputs]
+    models = load_models(args, config)
+    pipeline = make_pipeline(models, pick_persona(args), args.persona, config)
+    try:
+        result = ConversationRunner(pipeline).run(inputs, args.barge_in_at)
+        history = pipeline.history
+    finally:
+        pipeline.close()
+        models.close()
+    data = report(result)
+    data["history"] = [{"user": e.user, "assistant": e.reply, "interrupted": e.is_interrupted} for e in history]
+    if args.output:
+        audio, rate = played_audio(result)
+        write_wav(args.output, audio, rate)
+        data["output"] = {"path": str(args.output), "sample_rate": rate, "seconds": round(len(audio) / rate, 2)}
+    if args.json:
+        print(json.dumps(data, indent=2, ensure_ascii=False))
+    else:
+        print_text(data, history)
+        if args.output:
+            print(f"wrote {args.output} ({data['output']['seconds']} s at {data['output']['sample_rate']} Hz)")
+    return 0 if all(not t["error"] for t in data["turns"]) else 1

@@ -1,0 +1,152 @@
+"""The frames that move through the pipeline, one way, each carrying its turn's ``gen``.
+
+``gen`` is the generation (turn) number: a new user turn or an interruption makes a new one, and
+every stage drops data frames older than the newest ``Interrupt`` it has seen.
+
+System frames (``SystemFrame``) are handled at once by every stage, overtaking queued data;
+data frames are processed in order. Frames marked *out* reach the front end.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Frame:
+    gen: int
+
+
+@dataclass
+class SystemFrame(Frame):
+    """Handled at once, never queued behind data."""
+
+
+# --- system frames -------------------------------------------------------------------------
+
+@dataclass
+class Interrupt(SystemFrame):
+    """*out* Drop everything older than ``gen``: stop playback, cancel generation."""
+
+    reason: str = "barge-in"  # "barge-in" | "user" (interrupt() was called) | "text" (typed turn)
+
+
+@dataclass
+class PlaybackPause(SystemFrame):
+    """*out* Possible speech has started over the assistant: pause playback now (within one VAD
+    frame). Followed by ``Interrupt`` if the speech lasts, or ``PlaybackResume`` if it was a blip."""
+
+    at_sample: int = 0  # 16 kHz input sample where the speech began
+
+
+@dataclass
+class PlaybackResume(SystemFrame):
+    """*out* The sound that paused playback was a blip (a cough): carry on."""
+
+
+@dataclass
+class SpeechStarted(SystemFrame):
+    """*out* The user is speaking (confirmed: longer than the persona's min_speech_ms); opens turn ``gen``."""
+
+    at_sample: int = 0
+
+
+# --- data frames ---------------------------------------------------------------------------
+
+@dataclass
+class AudioIn(Frame):
+    """16 kHz mono float32 input, already resampled at the edge. ``t`` is when it was pushed."""
+
+    samples: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    t: float = 0.0
+
+
+@dataclass
+class UserAudio(Frame):
+    """The audio of user turn ``gen``, VAD → ASR. ``is_speech`` per 32 ms frame."""
+
+    samples: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    is_speech: bool = True
+
+
+@dataclass
+class SpeechPaused(Frame):
+    """VAD → ASR: a short silence inside the turn; transcribe now so the final is ready early."""
+
+
+@dataclass
+class SpeechEnded(Frame):
+    """*out* End of the user's turn (silence_ms of silence). ``at_sample``: last voiced sample."""
+
+    at_sample: int = 0
+    t_speech_end: float = 0.0  # when the last voiced frame was pushed (monotonic)
+
+
+@dataclass
+class TextIn(Frame):
+    """A typed user turn (``Pipeline.text_input``)."""
+
+    text: str = ""
+
+
+@dataclass
+class Transcript(Frame):
+    """*out* What the user said: partials while speaking, one final at end of turn."""
+
+    text: str = ""
+    is_final: bool = False
+
+
+@dataclass
+class TextDelta(Frame):
+    """*out* A piece of the assistant's answer as the model writes it (for display)."""
+
+    text: str = ""
+
+
+@dataclass
+class SpeakChunk(Frame):
+    """*out* A speakable piece of the answer (cleaned), LLM → TTS, with the voice to use."""
+
+    text: str = ""
+    index: int = 0
+    voice: Any = None  # pipeline.persona.Voice
+
+
+@dataclass
+class AudioOut(Frame):
+    """*out* Assistant audio: mono int16 at ``sample_rate``. ``start_sample`` counts from the start
+    of turn ``gen``'s audio; ``chunk_index`` names the SpeakChunk it voices."""
+
+    pcm: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int16))
+    sample_rate: int = 22050
+    start_sample: int = 0
+    chunk_index: int = 0
+    text: str = ""
+
+
+@dataclass
+class AssistantDone(Frame):
+    """*out* The model finished (or was cancelled); ``text`` is everything it wrote."""
+
+    text: str = ""
+    is_interrupted: bool = False
+    num_tokens: int = 0
+
+
+@dataclass
+class TurnDone(Frame):
+    """*out* The last frame of turn ``gen``: all its audio is out. ``waterfall`` is a dict of
+    the turn's timings and counts (see pipeline.waterfall.TurnWaterfall)."""
+
+    waterfall: dict = field(default_factory=dict)
+
+
+@dataclass
+class ErrorFrame(Frame):
+    """*out* A stage failed on turn ``gen``; the turn ends here, the next one works."""
+
+    stage: str = ""
+    message: str = ""

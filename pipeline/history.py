@@ -1,0 +1,93 @@
+"""One session's conversation: what the user said and what they actually heard in reply.
+
+An exchange's assistant text is what the model wrote until playback says otherwise: when the
+user interrupts, ``cut`` keeps only the heard part and marks the exchange interrupted. Prompts
+keep within a token budget by dropping the oldest exchanges, never the system prompt.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+from typing import Callable
+
+Message = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One user turn and the assistant's reply."""
+
+    gen: int
+    user: str
+    assistant: str = ""  # everything the model wrote
+    heard: str | None = None  # set when the reply was cut off: what the user heard of it
+    is_interrupted: bool = False
+    is_settled: bool = False  # playback finished or was cut: the text is final
+
+    @property
+    def reply(self) -> str:
+        """The reply as the conversation remembers it."""
+        return self.assistant if self.heard is None else self.heard
+
+
+class History:
+    """Thread-safe list of exchanges (the LLM stage writes, playback reports cut)."""
+
+    def __init__(self) -> None:
+        self._exchanges: dict[int, Exchange] = {}
+        self._lock = threading.Lock()
+
+    def begin(self, gen: int, user: str) -> None:
+        with self._lock:
+            self._exchanges[gen] = Exchange(gen, user)
+
+    def finish(self, gen: int, assistant: str) -> None:
+        with self._lock:
+            if gen in self._exchanges:
+                self._exchanges[gen] = replace(self._exchanges[gen], assistant=assistant)
+
+    def drop(self, gen: int) -> None:
+        """Forget an exchange that failed (an error frame ended it)."""
+        with self._lock:
+            self._exchanges.pop(gen, None)
+
+    def cut(self, gen: int, heard: str) -> None:
+        """The user interrupted ``gen`` after hearing ``heard``."""
+        with self._lock:
+            if gen in self._exchanges:
+                self._exchanges[gen] = replace(self._exchanges[gen], heard=heard.strip(), is_interrupted=True,
+                                               is_settled=True)
+
+    def settle(self, gen: int) -> None:
+        """Playback of ``gen`` ran to the end: the whole reply was heard."""
+        with self._lock:
+            if gen in self._exchanges:
+                self._exchanges[gen] = replace(self._exchanges[gen], is_settled=True)
+
+    def unsettled(self, before_gen: int) -> list[int]:
+        with self._lock:
+            return [g for g, e in self._exchanges.items() if g < before_gen and not e.is_settled]
+
+    def exchanges(self) -> list[Exchange]:
+        with self._lock:
+            return [self._exchanges[g] for g in sorted(self._exchanges)]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._exchanges.clear()
+
+    def messages(self, system: str, gen: int, user: str, count_tokens: Callable[[list[Message]], int],
+                 token_budget: int, max_turns: int) -> list[Message]:
+        """The prompt for turn ``gen``: system + as many recent exchanges as fit + the new user text."""
+        past = [e for e in self.exchanges() if e.gen < gen][-max_turns:] if max_turns else []
+        while True:
+            messages = [{"role": "system", "content": system}]
+            for exchange in past:
+                messages.append({"role": "user", "content": exchange.user})
+                if exchange.reply:
+                    reply = exchange.reply + ("..." if exchange.is_interrupted else "")
+                    messages.append({"role": "assistant", "content": reply})
+            messages.append({"role": "user", "content": user})
+            if not past or count_tokens(messages) <= token_budget:
+                return messages
+            past = past[1:]  # the oldest exchange goes first; the system prompt always stays

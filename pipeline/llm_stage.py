@@ -1,0 +1,109 @@
+"""LLM stage: a final transcript (or typed text) in, the answer out as text deltas and speakable
+chunks. The persona is read at the start of every turn, so edits apply at the next turn."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Iterable
+
+from engine.backend import Generation, LLMBackend
+from pipeline.chunker import SpeakableChunker
+from pipeline.config import ChunkerConfig, LLMStageConfig
+from pipeline.frames import (AssistantDone, ErrorFrame, Frame, Interrupt, SpeakChunk, SystemFrame,
+                             TextDelta, TextIn, Transcript)
+from pipeline.history import History
+from pipeline.persona import Persona
+from pipeline.stage import Stage
+from pipeline.waterfall import WaterfallBook
+
+
+class LLMStage(Stage):
+    """Prompts the backend with persona + history + the new user text and streams its answer."""
+
+    name = "llm"
+
+    def __init__(self, backend: LLMBackend, persona: Callable[[], Persona], history: History,
+                 config: LLMStageConfig, chunker: ChunkerConfig, book: WaterfallBook,
+                 session: str | None = None, queue_size: int = 2000):
+        super().__init__(queue_size)
+        self.backend = backend
+        self.persona = persona
+        self.history = history
+        self.config = config
+        self.chunker_config = chunker
+        self.book = book
+        self.session = session
+        self._active: tuple[int, Generation] | None = None
+        self._lock = threading.Lock()
+
+    def on_system(self, frame: SystemFrame) -> None:
+        # Cancel at once, from the interrupting thread: the backend frees its slot at the next token.
+        if isinstance(frame, Interrupt):
+            with self._lock:
+                if self._active is not None and self._active[0] < frame.gen:
+                    self._active[1].cancel()
+
+    def process(self, frame: Frame) -> Iterable[Frame]:
+        if isinstance(frame, Transcript) and frame.is_final:
+            yield frame
+            yield from self._answer(frame.gen, frame.text)
+        elif isinstance(frame, TextIn):
+            self.book.mark(frame.gen, "text_in")
+            yield Transcript(gen=frame.gen, text=frame.text, is_final=True)
+            yield from self._answer(frame.gen, frame.text)
+        elif isinstance(frame, ErrorFrame):
+            self.history.drop(frame.gen)
+            yield frame
+        else:
+            yield frame
+
+    def _prompt(self, gen: int, persona: Persona, user: str) -> list[dict]:
+        budget = min(self.config.history_token_budget, self.backend.context_length - persona.sampling.max_tokens)
+        return self.history.messages(persona.full_system_prompt(), gen, user, self.backend.count_tokens,
+                                     max(budget, 64), self.config.max_history_turns)
+
+    def _answer(self, gen: int, user: str) -> Iterable[Frame]:
+        persona = self.persona()
+        messages = self._prompt(gen, persona, user)
+        self.history.begin(gen, user)
+        chunker = SpeakableChunker(self.chunker_config, persona.speech)
+        self.book.mark(gen, "llm_request")
+        self.book.set(gen, "prompt_tokens", self.backend.count_tokens(messages))
+        generation = self.backend.generate(messages, persona.sampling, self.session)
+        with self._lock:
+            self._active = (gen, generation)
+        if self.is_stale(gen):  # interrupted between the check in the loop and registering
+            generation.cancel()
+        text, num_deltas = [], 0
+        try:
+            for delta in generation:
+                if self.is_stale(gen):
+                    generation.cancel()
+                    break
+                if num_deltas == 0:
+                    self.book.mark(gen, "llm_first_token")
+                num_deltas += 1
+                text.append(delta)
+                yield TextDelta(gen=gen, text=delta)
+                for piece in chunker.feed(delta):
+                    yield from self._chunk(gen, piece, chunker, persona)
+            else:
+                for piece in chunker.flush():
+                    yield from self._chunk(gen, piece, chunker, persona)
+        except BaseException:
+            generation.cancel()
+            self.history.drop(gen)  # a failed turn leaves no half exchange behind
+            raise
+        finally:
+            with self._lock:
+                self._active = None
+        self.book.mark(gen, "llm_done")
+        self.book.set(gen, "num_tokens", num_deltas)  # one delta per decoded token in our backends
+        self.history.finish(gen, "".join(text).strip())
+        yield AssistantDone(gen=gen, text="".join(text).strip(), is_interrupted=self.is_stale(gen),
+                            num_tokens=num_deltas)
+
+    def _chunk(self, gen: int, text: str, chunker: SpeakableChunker, persona: Persona) -> Iterable[Frame]:
+        self.book.mark(gen, "first_chunk_ready", time.monotonic())
+        self.book.add(gen, "num_chunks", 1)
+        yield SpeakChunk(gen=gen, text=text, index=chunker.num_chunks - 1, voice=persona.voice)

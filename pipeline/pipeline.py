@@ -1,0 +1,230 @@
+"""The Pipeline: one conversation (session), wiring VAD → ASR → LLM → TTS and the front end.
+
+Audio or text goes in through methods; typed frames come out of one queue (``next_frame`` /
+``frames``) or a callback. See docs/pipeline.md for the front end's contract.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from engine.backend import LLMBackend
+from pipeline.asr import WhisperTranscriber
+from pipeline.asr_stage import ASRStage
+from pipeline.audio import PIPELINE_RATE, Resampler, to_mono_float32
+from pipeline.config import PipelineConfig
+from pipeline.frames import (AudioIn, AudioOut, Frame, Interrupt, SpeakChunk, TextDelta, TextIn,
+                             TurnDone)
+from pipeline.generation import GenerationCounter
+from pipeline.history import Exchange, History
+from pipeline.llm_stage import LLMStage
+from pipeline.persona import Persona, Voice
+from pipeline.persona_store import PersonaStore
+from pipeline.playback import PlaybackTracker
+from pipeline.stage import Stage
+from pipeline.tts.base import TTSBackend
+from pipeline.tts_stage import TTSStage
+from pipeline.vad import SileroVAD
+from pipeline.vad_stage import VADStage
+from pipeline.waterfall import WaterfallBook
+
+log = logging.getLogger(__name__)
+_DROPPED_ON_INTERRUPT = (AudioOut, TextDelta, SpeakChunk)  # an old turn's audio and text: never play it
+
+
+class Pipeline:
+    """A running voice session. Threads start in the constructor; ``close()`` ends them all.
+
+    ``transcriber`` and ``vad_model_path`` may be None for a text-only session. ``personas`` is a
+    PersonaStore (re-read at every turn) or one fixed Persona. Models may be shared between
+    sessions; everything else (VAD state, history, queues) belongs to this session.
+    """
+
+    def __init__(self, *, llm: LLMBackend, tts: Callable[[Voice], TTSBackend],
+                 personas: PersonaStore | Persona, persona: str = "nova",
+                 transcriber: WhisperTranscriber | None = None, vad_model_path: str | Path | None = None,
+                 config: PipelineConfig | None = None, session: str | None = None,
+                 on_frame: Callable[[Frame], None] | None = None):
+        self.config = config or PipelineConfig()
+        self.session = session
+        self._personas = personas
+        self._persona_name = persona
+        self._on_frame = on_frame
+        self._counter = GenerationCounter()
+        self.book = WaterfallBook()
+        self.tracker = PlaybackTracker()
+        self._history = History()
+        self._resampler = Resampler(PIPELINE_RATE)
+        self._input_lock = threading.Lock()
+        self._output: queue.Queue = queue.Queue(maxsize=self.config.queues.output_queue_size)
+        self._is_closed = False
+        self._interrupted_below = 0  # data frames of older turns are dropped here too
+        size = self.config.queues.stage_queue_size
+        self.current_persona()  # fail now, not at the first turn, if the persona does not exist
+
+        stages: list[Stage] = []
+        if vad_model_path is not None:
+            stages.append(VADStage(SileroVAD(vad_model_path), self.config.vad, self._counter,
+                                   lambda: self.current_persona().endpointing, self.book, size))
+        if transcriber is not None:
+            stages.append(ASRStage(transcriber, self.config.asr, lambda: self.current_persona().language,
+                                   self.book, size))
+        self._llm = LLMStage(llm, self.current_persona, self._history, self.config.llm, self.config.chunker,
+                             self.book, session, size)
+        stages += [self._llm, TTSStage(tts, self.book, self.config.tts.output_sample_rate, size)]
+        for stage, downstream in zip(stages, stages[1:]):
+            stage.connect(downstream.put)
+        stages[-1].connect(self._deliver)
+        self._stages = stages
+        self._first = stages[0]
+        self._has_audio_input = vad_model_path is not None and transcriber is not None
+        for stage in stages:
+            stage.start()
+
+    # --- input -------------------------------------------------------------------------------
+
+    def push_audio(self, samples: np.ndarray, sample_rate: int = PIPELINE_RATE, channels: int = 1) -> None:
+        """Microphone audio: any rate, interleaved channels or (frames, channels), int16/int32/float.
+        Call with consecutive pieces of one stream; resampled once here to 16 kHz mono."""
+        if not self._has_audio_input:
+            raise RuntimeError("this pipeline was built without VAD/ASR (text-only)")
+        with self._input_lock:  # the resampler's state is one stream's
+            mono = self._resampler(to_mono_float32(samples, channels), sample_rate)
+            if len(mono):
+                self._first.put(AudioIn(gen=0, samples=mono, t=time.monotonic()))
+
+    def text_input(self, text: str) -> int:
+        """A typed user turn; it interrupts whatever the assistant was saying. Returns its gen."""
+        gen = self._counter.next()
+        self._first.put(Interrupt(gen=gen, reason="text"))
+        self._first.put(TextIn(gen=gen, text=text))
+        return gen
+
+    def interrupt(self) -> int:
+        """Stop the assistant now (a stop button). Returns the new generation number."""
+        gen = self._counter.next()
+        self._first.put(Interrupt(gen=gen, reason="user"))
+        return gen
+
+    def report_playback(self, gen: int, played_samples: int) -> None:
+        """The front end has played ``played_samples`` of turn ``gen``'s audio (at that turn's
+        AudioOut sample_rate). Call it as playback advances, and when playback stops."""
+        if self.tracker.report(gen, played_samples):
+            self.book.mark(gen, "first_audio_played")
+        if self.tracker.is_complete(gen):
+            self._history.settle(gen)
+
+    def set_persona(self, name: str) -> None:
+        """Switch persona from the next turn on (raises PersonaNotFound for an unknown name)."""
+        if isinstance(self._personas, PersonaStore):
+            self._personas.get(name)
+        self._persona_name = name
+
+    def current_persona(self) -> Persona:
+        if isinstance(self._personas, PersonaStore):
+            return self._personas.get(self._persona_name)
+        return self._personas
+
+    # --- output ------------------------------------------------------------------------------
+
+    def next_frame(self, timeout: float | None = None) -> Frame | None:
+        """The next output frame, or None after ``timeout`` seconds (or once closed)."""
+        try:
+            frame = self._output.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        return frame
+
+    def frames(self, timeout: float = 0.1) -> Iterator[Frame]:
+        """Output frames until ``close()``."""
+        while not self._is_closed or not self._output.empty():
+            frame = self.next_frame(timeout)
+            if frame is not None:
+                yield frame
+
+    @property
+    def history(self) -> list[Exchange]:
+        return self._history.exchanges()
+
+    def waterfall(self, gen: int) -> dict:
+        return self.book.get(gen)
+
+    @property
+    def generation(self) -> int:
+        return self._counter.current
+
+    def _deliver(self, frame: Frame) -> None:
+        """The end of the line (on the TTS thread, or whichever thread sent a system frame)."""
+        if isinstance(frame, Interrupt):
+            self._interrupted_below = max(self._interrupted_below, frame.gen)
+            self._purge_output(frame.gen)
+            self._settle_before(frame.gen)
+        elif isinstance(frame, AudioOut):
+            self.tracker.on_audio(frame.gen, frame.chunk_index, frame.text, frame.start_sample, len(frame.pcm),
+                                  frame.sample_rate)
+            self.book.mark(frame.gen, "first_audio_out")
+        elif isinstance(frame, TurnDone):
+            self.tracker.on_done(frame.gen)
+            self.book.mark(frame.gen, "audio_done")
+            frame.waterfall = self.book.get(frame.gen)
+        if isinstance(frame, _DROPPED_ON_INTERRUPT) and frame.gen < self._interrupted_below:
+            return
+        self._put_output(frame)
+        if self._on_frame is not None:
+            try:
+                self._on_frame(frame)
+            except Exception:  # a front end's bug must not break the turn
+                log.exception("on_frame callback failed")
+
+    def _settle_before(self, gen: int) -> None:
+        """Old turns are over: keep what was heard of each (cut + interrupted) in the history."""
+        for old in self._history.unsettled(gen):
+            if self.tracker.is_complete(old):
+                self._history.settle(old)
+            else:
+                heard = self.tracker.heard_text(old)
+                self._history.cut(old, heard)
+                self.book.set(old, "interrupted", 1)
+                self.book.set(old, "heard_words", len(heard.split()))
+
+    def _purge_output(self, gen: int) -> None:
+        with self._output.mutex:
+            kept = [f for f in self._output.queue if not (isinstance(f, _DROPPED_ON_INTERRUPT) and f.gen < gen)]
+            self._output.queue.clear()
+            self._output.queue.extend(kept)
+            self._output.not_full.notify_all()
+
+    def _put_output(self, frame: Frame) -> None:
+        while True:
+            try:
+                self._output.put_nowait(frame)
+                return
+            except queue.Full:  # nobody is reading: drop the oldest rather than grow or block the TTS
+                try:
+                    self._output.get_nowait()
+                except queue.Empty:
+                    pass
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Cancel the turn in flight and end every thread of this session. Idempotent."""
+        if self._is_closed:
+            return
+        self.interrupt()
+        for stage in self._stages:
+            if not stage.stop(self.config.stop_timeout_s):
+                log.warning("stage %s did not stop within %.1f s", stage.name, self.config.stop_timeout_s)
+        self._is_closed = True
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

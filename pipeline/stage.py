@@ -1,0 +1,108 @@
+"""The Stage base: in-queue → ``process()`` → downstream, on its own thread.
+
+System frames are handled at once on the thread that delivers them (``on_system``), then passed
+on, so an interruption reaches every stage within microseconds even while a stage is busy inside
+a model call. Data frames wait in the in-queue and are processed in order; frames of a
+generation older than the newest ``Interrupt`` are dropped, queued or not.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Callable, Iterable
+
+from pipeline.frames import ErrorFrame, Frame, Interrupt, SystemFrame
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[Frame], None]
+_STOP = object()  # the sentinel that ends a stage's thread
+
+
+class Stage:
+    """One step of the pipeline. Subclasses override ``process`` (and ``on_system`` to cancel
+    work in flight); anything ``process`` does not consume it should yield on unchanged."""
+
+    name = "stage"
+
+    def __init__(self, queue_size: int = 2000):
+        self._inbox: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._downstream: Sink = lambda frame: None
+        self._min_gen = 0
+        self._thread: threading.Thread | None = None
+
+    def connect(self, downstream: Sink) -> None:
+        self._downstream = downstream
+
+    # --- called by the upstream stage (any thread) -------------------------------------------
+
+    def put(self, frame: Frame) -> None:
+        if isinstance(frame, SystemFrame):
+            if isinstance(frame, Interrupt) and frame.gen > self._min_gen:
+                self._min_gen = frame.gen
+                self._purge()
+            self.on_system(frame)
+            self._downstream(frame)
+        else:
+            self._inbox.put(frame)
+
+    def _purge(self) -> None:
+        """Drop queued data frames of older generations (the queue's own lock keeps it safe)."""
+        with self._inbox.mutex:
+            kept = [f for f in self._inbox.queue if f is _STOP or f.gen >= self._min_gen]
+            self._inbox.queue.clear()
+            self._inbox.queue.extend(kept)
+            self._inbox.not_full.notify_all()
+
+    # --- for subclasses ----------------------------------------------------------------------
+
+    def on_system(self, frame: SystemFrame) -> None:
+        """React to a system frame at once (runs on the caller's thread: keep it short)."""
+
+    def process(self, frame: Frame) -> Iterable[Frame]:
+        yield frame
+
+    def setup(self) -> None:
+        """Runs on the stage's thread before the first frame."""
+
+    def is_stale(self, gen: int) -> bool:
+        """True once an Interrupt has superseded ``gen``: long work should check and stop."""
+        return gen < self._min_gen
+
+    def emit(self, frame: Frame) -> None:
+        if isinstance(frame, SystemFrame) or not self.is_stale(frame.gen):
+            self._downstream(frame)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"stage-{self.name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self.setup()
+        while True:
+            frame = self._inbox.get()
+            if frame is _STOP:
+                return
+            if self.is_stale(frame.gen):
+                continue
+            try:
+                for out in self.process(frame):
+                    self.emit(out)
+            except Exception as error:  # a failing turn must not take the stage (and the session) down
+                log.exception("stage %s failed on gen %d", self.name, frame.gen)
+                self.emit(ErrorFrame(gen=frame.gen, stage=self.name, message=f"{type(error).__name__}: {error}"))
+
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        """Ends the thread after the frame in hand; returns False if it did not end in time."""
+        with self._inbox.mutex:
+            self._inbox.queue.clear()
+            self._inbox.queue.append(_STOP)
+            self._inbox.not_empty.notify()
+            self._inbox.not_full.notify_all()
+        if self._thread is None:
+            return True
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()

@@ -1,0 +1,57 @@
+"""TTS stage: speakable chunks in, assistant audio out, streamed chunk by chunk.
+
+It is the last stage, so it closes each turn with ``TurnDone`` (after the model is done and
+all the turn's audio is out, or after an error)."""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from pipeline.audio import resample_once
+from pipeline.frames import AssistantDone, AudioOut, ErrorFrame, Frame, SpeakChunk, TurnDone
+from pipeline.persona import Voice
+from pipeline.stage import Stage
+from pipeline.tts.base import TTSBackend
+from pipeline.waterfall import WaterfallBook
+
+
+class TTSStage(Stage):
+    """Speaks each chunk with the voice the LLM stage attached to it (the turn's persona)."""
+
+    name = "tts"
+
+    def __init__(self, provider: Callable[[Voice], TTSBackend], book: WaterfallBook,
+                 output_sample_rate: int = 0, queue_size: int = 2000):
+        super().__init__(queue_size)
+        self.provider = provider
+        self.book = book
+        self.output_sample_rate = output_sample_rate
+        self._turn_samples: dict[int, int] = {}  # audio already emitted per turn (its next start_sample)
+
+    def process(self, frame: Frame) -> Iterable[Frame]:
+        if isinstance(frame, SpeakChunk):
+            yield frame
+            yield from self._speak(frame)
+        elif isinstance(frame, (AssistantDone, ErrorFrame)):
+            yield frame
+            if isinstance(frame, ErrorFrame):
+                self.book.set(frame.gen, "error", f"{frame.stage}: {frame.message}")
+            self._turn_samples.pop(frame.gen, None)
+            yield TurnDone(gen=frame.gen, waterfall=self.book.get(frame.gen))
+        else:
+            yield frame
+
+    def _speak(self, chunk: SpeakChunk) -> Iterable[Frame]:
+        voice = chunk.voice or Voice()
+        tts = self.provider(voice)
+        rate = self.output_sample_rate or tts.sample_rate
+        for pcm in tts.synthesize(chunk.text, voice.speaking_rate):
+            if self.is_stale(chunk.gen):
+                return  # interrupted: stop synthesizing the old turn's text
+            if rate != tts.sample_rate:
+                pcm = resample_once(pcm, tts.sample_rate, rate)
+            start = self._turn_samples.get(chunk.gen, 0)
+            self._turn_samples[chunk.gen] = start + len(pcm)
+            self.book.add(chunk.gen, "audio_out_samples", len(pcm))
+            self.book.set(chunk.gen, "audio_sample_rate", rate)
+            yield AudioOut(gen=chunk.gen, pcm=pcm, sample_rate=rate, start_sample=start,
+                           chunk_index=chunk.index, text=chunk.text)

@@ -1,0 +1,69 @@
+"""Turn-taking from VAD probabilities: a small state machine, one 32 ms frame at a time.
+
+idle ──voiced──► onset ──min_speech_ms voiced──► speaking ──silence_ms──► idle
+                   └──onset_gap_ms silent──► idle (a blip: cough, click; never a turn)
+
+``onset`` is reported at once so playback can pause within one frame; ``start`` only once the
+sound has lasted min_speech_ms, so a cough never interrupts. ``pause`` (pause_ms of silence
+inside a turn) lets ASR transcribe early; ``end`` closes the turn.
+"""
+from __future__ import annotations
+
+from pipeline.config import VADConfig
+from pipeline.persona import Endpointing
+
+FRAME_MS = 32
+
+
+class TurnDetector:
+    """Feed ``update(prob)`` per frame; it returns the events that frame caused."""
+
+    def __init__(self, config: VADConfig):
+        self.config = config
+        self.state = "idle"
+        self.endpointing = Endpointing()
+        self.is_voiced = False
+        self._voiced_ms = 0
+        self._silent_ms = 0
+        self._is_pause_sent = False
+
+    def update(self, prob: float, endpointing: Endpointing | None = None) -> list[str]:
+        """``endpointing`` is read at each onset (the persona may have changed since the last turn)."""
+        # Hysteresis: entering speech takes `threshold`, staying in it only `neg_threshold`.
+        limit = self.config.neg_threshold if self.is_voiced else self.config.threshold
+        self.is_voiced = prob >= limit
+        events: list[str] = []
+        if self.state == "idle":
+            if self.is_voiced:
+                self.endpointing = endpointing or self.endpointing
+                self.state, self._voiced_ms, self._silent_ms = "onset", FRAME_MS, 0
+                events.append("onset")
+                events += self._maybe_start()
+        elif self.state == "onset":
+            if self.is_voiced:
+                self._voiced_ms += FRAME_MS
+                self._silent_ms = 0
+                events += self._maybe_start()
+            else:
+                self._silent_ms += FRAME_MS
+                if self._silent_ms >= self.config.onset_gap_ms:
+                    self.state = "idle"
+                    events.append("blip")
+        elif self.state == "speaking":
+            if self.is_voiced:
+                self._silent_ms, self._is_pause_sent = 0, False
+            else:
+                self._silent_ms += FRAME_MS
+                if self._silent_ms >= self.endpointing.silence_ms:
+                    self.state = "idle"
+                    events.append("end")
+                elif self._silent_ms >= self.config.pause_ms and not self._is_pause_sent:
+                    self._is_pause_sent = True
+                    events.append("pause")
+        return events
+
+    def _maybe_start(self) -> list[str]:
+        if self._voiced_ms >= self.endpointing.min_speech_ms:
+            self.state, self._silent_ms, self._is_pause_sent = "speaking", 0, False
+            return ["start"]
+        return []

@@ -1,0 +1,91 @@
+"""VAD stage: 16 kHz audio in, turns out (speech start/pause/end and the turn's audio).
+
+It opens turns: on a confirmed start it takes a new generation number and sends ``Interrupt``
+first, which is the barge-in: everything older is dropped downstream at once.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Callable, Iterable
+
+import numpy as np
+
+from pipeline.config import VADConfig
+from pipeline.frames import (AudioIn, Frame, Interrupt, PlaybackPause, PlaybackResume, SpeechEnded,
+                             SpeechPaused, SpeechStarted, UserAudio)
+from pipeline.generation import GenerationCounter
+from pipeline.persona import Endpointing
+from pipeline.stage import Stage
+from pipeline.turn_detector import TurnDetector
+from pipeline.vad import FRAME_SAMPLES, SileroVAD
+from pipeline.waterfall import WaterfallBook
+
+
+class VADStage(Stage):
+    """Silero per 32 ms frame + the turn detector; forwards the audio of each turn to ASR."""
+
+    name = "vad"
+
+    def __init__(self, vad: SileroVAD, config: VADConfig, counter: GenerationCounter,
+                 endpointing: Callable[[], Endpointing], book: WaterfallBook, queue_size: int = 2000):
+        super().__init__(queue_size)
+        self.vad = vad
+        self.detector = TurnDetector(config)
+        self.counter = counter
+        self.endpointing = endpointing
+        self.book = book
+        self._rest = np.zeros(0, np.float32)  # samples short of a whole frame
+        self._num_samples = 0  # input samples framed so far: the stream's clock
+        self._pre_roll: deque[np.ndarray] = deque(maxlen=max(1, config.pre_roll_ms // 32))
+        self._onset: list[np.ndarray] = []  # frames since the onset, sent once the start is confirmed
+        self._onset_sample = 0
+        self._onset_t = 0.0
+        self._turn_gen = 0
+        self._last_voiced = (0, 0.0)  # (sample, push time) of the last voiced frame
+
+    def process(self, frame: Frame) -> Iterable[Frame]:
+        if not isinstance(frame, AudioIn):
+            yield frame
+            return
+        data = np.concatenate([self._rest, frame.samples]) if len(self._rest) else frame.samples
+        whole = len(data) - len(data) % FRAME_SAMPLES
+        self._rest = data[whole:].copy()
+        for start in range(0, whole, FRAME_SAMPLES):
+            yield from self._frame(data[start:start + FRAME_SAMPLES], frame.t)
+
+    def _frame(self, samples: np.ndarray, t: float) -> Iterable[Frame]:
+        prob = self.vad(samples)
+        state_before = self.detector.state
+        # The persona is read only when a new onset could begin (the detector ignores it otherwise).
+        events = self.detector.update(prob, self.endpointing() if state_before == "idle" and prob >= self.detector.config.threshold else None)
+        self._num_samples += FRAME_SAMPLES
+        if self.detector.is_voiced:
+            self._last_voiced = (self._num_samples, t)
+        if "onset" in events:
+            self._onset = list(self._pre_roll)
+            self._onset_sample = self._num_samples - FRAME_SAMPLES
+            self._onset_t = t
+            yield PlaybackPause(gen=self.counter.current, at_sample=self._onset_sample)
+        if self.detector.state == "onset" or "start" in events:
+            self._onset.append(samples)
+        if "blip" in events:
+            self._onset = []
+            yield PlaybackResume(gen=self.counter.current)
+        if "start" in events:
+            gen = self._turn_gen = self.counter.next()
+            self.book.mark(gen, "speech_start", self._onset_t)
+            yield Interrupt(gen=gen, reason="barge-in")
+            yield SpeechStarted(gen=gen, at_sample=self._onset_sample)
+            yield UserAudio(gen=gen, samples=np.concatenate(self._onset), is_speech=True)
+            self._onset = []
+        elif state_before == "speaking" or (self.detector.state == "speaking"):
+            yield UserAudio(gen=self._turn_gen, samples=samples, is_speech=self.detector.is_voiced)
+        if "pause" in events:
+            yield SpeechPaused(gen=self._turn_gen)
+        if "end" in events:
+            sample, t_end = self._last_voiced
+            self.book.mark(self._turn_gen, "speech_end", t_end)
+            self.book.mark(self._turn_gen, "turn_end_detected", time.monotonic())
+            yield SpeechEnded(gen=self._turn_gen, at_sample=sample, t_speech_end=t_end)
+        self._pre_roll.append(samples)
