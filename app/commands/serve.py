@@ -1,0 +1,55 @@
+"""``voxlane serve``: the web page, the WebSocket protocol and /healthz on one port."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+
+from app.commands.common import CommandError, config_from
+from app.config import LLM_BACKENDS
+from pipeline.schema import SchemaError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve the web app, the WebSocket API (/ws) and /healthz on one port")
+    p.add_argument("--host", help="address to listen on (default: the config's server.host, 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default: the config's server.port, 7860)")
+    p.add_argument("--backend", choices=LLM_BACKENDS, help="LLM backend (default: the config's llm.backend)")
+    p.add_argument("--no-ui", action="store_true", help="only /ws and /healthz, no Gradio page")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+def run(args) -> int:
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from the model store, never the hub at run time
+    config = config_from(args)
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    if overrides:
+        try:
+            config = dataclasses.replace(config, server=dataclasses.replace(config.server, **overrides))
+        except (SchemaError, ValueError) as error:
+            raise CommandError(f"invalid --host/--port: {error}") from error
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    import uvicorn
+
+    from app.server.app import create_app
+    from app.server.pipeline_conversations import PipelineConversations
+
+    print(f"voxlane: loading models ({config.models.asr}, {config.models.llm}, {config.models.tts}) …",
+          file=sys.stderr, flush=True)
+    factory = PipelineConversations(config, args.backend)
+    factory.warm_up()
+    app = create_app(config, factory, with_ui=not args.no_ui)
+    server = config.server
+    print(f"voxlane: serving on http://{server.host}:{server.port}  (WebSocket: ws://{server.host}:{server.port}/ws)",
+          file=sys.stderr, flush=True)
+    try:
+        # Oversized messages within 4x the limit get a JSON error with a code from the handler;
+        # anything bigger is refused by the transport itself (close 1009) before it is buffered.
+        uvicorn.run(app, host=server.host, port=server.port, log_level=args.log_level,
+                    ws_max_size=4 * server.max_message_bytes, ws_per_message_deflate=False)
+    finally:
+        factory.close()
+    return 0

@@ -1,0 +1,48 @@
+"""The one ASGI app ``voxlane serve`` runs: ``/ws``, ``/healthz``, ``/static`` and the Gradio page
+at ``/``, all on one port."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI, WebSocket
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from app.config import AppConfig
+from app.server import protocol
+from app.server.conversation import ConversationFactory
+from app.server.registry import SessionRegistry
+from app.server.ws import SocketHandler
+
+STATIC_DIR = Path(__file__).parent / "static"
+
+
+def create_app(config: AppConfig, factory: ConversationFactory, with_ui: bool = True) -> FastAPI:
+    """Routes declared before the Gradio mount win, so Gradio (at ``/``) never shadows them."""
+    app = FastAPI(title="Voxlane", docs_url=None, redoc_url=None, openapi_url=None)
+    registry = SessionRegistry(config.server.max_sessions)
+    app.state.registry = registry
+    app.state.factory = factory
+
+    @app.get("/healthz")
+    def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok", "protocol": protocol.VERSION,
+                             "sessions": registry.num_open, "max_sessions": registry.max_sessions,
+                             "personas": factory.persona_names()})
+
+    @app.websocket("/ws")
+    async def websocket(ws: WebSocket) -> None:
+        await SocketHandler(ws, config.server, factory, registry).run()
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    if with_ui:
+        import gradio as gr
+
+        from app.commands.common import persona_store
+        from app.server.ui import HEAD, _theme, build_ui
+
+        blocks = build_ui(persona_store(config), factory.default_persona())
+        # ssr_mode=False: server-side rendering would need a Node server; the page is static anyway.
+        app = gr.mount_gradio_app(app, blocks, path="/", ssr_mode=False, head=HEAD, theme=_theme(),
+                                  footer_links=[])
+    return app

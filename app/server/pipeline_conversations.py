@@ -1,0 +1,96 @@
+"""The real ConversationFactory: models loaded once per process, one pipeline.Pipeline per session.
+
+Shared between sessions: the LLM backend (our engine schedules concurrent sessions itself), the
+Whisper model (calls serialized inside), the TTS voices (TTSProvider caches one per voice) and
+the persona store. Per session: the Pipeline (its VAD state, history, queues and threads).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+
+from app import model_store
+from app.backends import make_llm_backend
+from app.commands.common import persona_store
+from app.config import AppConfig
+from pipeline.config import PipelineConfig
+from pipeline.persona_store import PersonaNotFound
+from pipeline.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+
+class PipelineConversations:
+    """Opens a Pipeline per session over shared, loaded-once models."""
+
+    def __init__(self, config: AppConfig, llm_backend: str | None = None, llm=None):
+        from pipeline.asr import WhisperTranscriber
+        from pipeline.tts import TTSProvider
+
+        self.config = config
+        # AppConfig gains a [pipeline] section with issue 4; until then, the pipeline's defaults.
+        self.pipeline_config: PipelineConfig = getattr(config, "pipeline", None) or PipelineConfig()
+        self.personas = persona_store(config)
+        self.llm = llm if llm is not None else make_llm_backend(config, llm_backend)
+        self.transcriber = WhisperTranscriber(model_store.resolve(config.models.asr, "asr"), self.pipeline_config.asr)
+        self.vad_path = model_store.resolve(config.models.vad, "vad")
+        self.tts = TTSProvider(resolve=lambda spec: model_store.resolve(spec, "tts"),
+                               fallback=tuple(self.pipeline_config.tts.fallback))
+        self._ids = itertools.count(1)
+        self._open: set[Pipeline] = set()
+        self._lock = threading.Lock()
+        self._owns_llm = llm is None
+
+    def persona_names(self) -> list[str]:
+        return self.personas.names()
+
+    def default_persona(self) -> str:
+        return self.config.personas.default
+
+    def warm_up(self) -> None:
+        """Load the default persona's voice now, so the first turn does not pay for it."""
+        self.tts(self.personas.get(self.default_persona()).voice)
+
+    def open(self, persona: str) -> Pipeline:
+        try:
+            self.personas.get(persona)
+        except PersonaNotFound as error:
+            raise KeyError(str(error)) from error
+        pipeline = _ClosingPipeline(self, llm=self.llm, tts=self.tts, personas=self.personas, persona=persona,
+                                    transcriber=self.transcriber, vad_model_path=self.vad_path,
+                                    config=self.pipeline_config, session=f"ws-{next(self._ids)}")
+        with self._lock:
+            self._open.add(pipeline)
+        return pipeline
+
+    @property
+    def num_open(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+    def _closed(self, pipeline: Pipeline) -> None:
+        with self._lock:
+            self._open.discard(pipeline)
+
+    def close(self) -> None:
+        with self._lock:
+            pipelines = list(self._open)
+        for pipeline in pipelines:
+            pipeline.close()
+        if self._owns_llm:
+            self.llm.close()
+
+
+class _ClosingPipeline(Pipeline):
+    """A Pipeline that tells its factory when it is closed (the factory counts open pipelines)."""
+
+    def __init__(self, factory: PipelineConversations, **kwargs):
+        self._factory = factory
+        super().__init__(**kwargs)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._factory._closed(self)

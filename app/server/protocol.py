@@ -1,0 +1,172 @@
+"""The WebSocket protocol's messages (version 1): parsing what clients send, building what the
+server sends. Pure functions and dataclasses, no I/O, so every rule is testable on its own.
+
+See docs/protocol.md for the reference a client author reads.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+VERSION = 1
+MIN_INPUT_RATE_HZ = 8000
+MAX_INPUT_RATE_HZ = 192000
+MAX_TEXT_CHARS = 4000
+
+
+class ErrorCode:
+    """Every error code a server may send. ``fatal`` errors are followed by a close."""
+
+    BAD_JSON = "bad_json"  # a text message that is not a JSON object
+    BAD_MESSAGE = "bad_message"  # unknown type, missing or invalid field
+    NOT_STARTED = "not_started"  # anything but "start" before "start"
+    ALREADY_STARTED = "already_started"
+    UNSUPPORTED_VERSION = "unsupported_version"  # fatal
+    UNAUTHORIZED = "unauthorized"  # fatal: the server has an access token and it was not given
+    FORBIDDEN_ORIGIN = "forbidden_origin"  # fatal: a browser page from another site
+    BUSY = "busy"  # fatal: max_sessions conversations are already open
+    TOO_LARGE = "message_too_large"  # fatal: a message above max_message_bytes
+    BAD_AUDIO = "bad_audio"  # a binary frame that is not whole PCM16 samples
+    UNKNOWN_PERSONA = "unknown_persona"
+    PIPELINE = "pipeline_error"  # a stage failed on one turn; the next turn works
+    INTERNAL = "internal"  # fatal: a server bug
+
+
+# WebSocket close codes (RFC 6455 and the registered 4000-4999 private range) per fatal error.
+CLOSE_CODES = {
+    ErrorCode.UNSUPPORTED_VERSION: 4000,
+    ErrorCode.UNAUTHORIZED: 4001,
+    ErrorCode.FORBIDDEN_ORIGIN: 4003,
+    ErrorCode.BUSY: 1013,  # "try again later"
+    ErrorCode.TOO_LARGE: 1009,  # "message too big"
+    ErrorCode.INTERNAL: 1011,
+}
+
+
+class ProtocolError(Exception):
+    """A message the server refuses; carries the code sent back to the client."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @property
+    def is_fatal(self) -> bool:
+        return self.code in CLOSE_CODES
+
+
+@dataclass(frozen=True)
+class Start:
+    """Opens the session: which persona, and the sample rate of the PCM16 frames that follow."""
+
+    sample_rate: int
+    persona: str | None = None
+    token: str = ""
+    version: int = VERSION
+
+
+@dataclass(frozen=True)
+class TextInput:
+    """A typed user turn; interrupts the assistant if it is speaking."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """Stop the assistant now (audio and generation)."""
+
+
+@dataclass(frozen=True)
+class SetPersona:
+    """Talk as another persona from the next turn on."""
+
+    persona: str
+
+
+@dataclass(frozen=True)
+class Played:
+    """Playback progress: the client has played ``samples`` samples of turn ``gen``'s audio, so the
+    history can record what the user actually heard when they interrupt."""
+
+    gen: int
+    samples: int
+
+
+@dataclass(frozen=True)
+class End:
+    """Close the session cleanly."""
+
+
+ClientMessage = Start | TextInput | Interrupt | SetPersona | Played | End
+
+
+def _field(data: dict, name: str, kind: type, required: bool = True, default: Any = None):
+    if name not in data:
+        if required:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, f"'{data.get('type')}' needs the field '{name}'")
+        return default
+    value = data[name]
+    # bool is an int in Python; a JSON true is never a valid number here
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"'{name}' has the wrong type ({type(value).__name__})")
+    return value
+
+
+def parse_client_text(text: str) -> ClientMessage:
+    """One client text message -> a message object; raises ProtocolError with a code."""
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ProtocolError(ErrorCode.BAD_JSON, f"not JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise ProtocolError(ErrorCode.BAD_JSON, "a message must be a JSON object")
+    kind = data.get("type")
+    if kind == "start":
+        version = _field(data, "version", int, required=False, default=VERSION)
+        if version != VERSION:
+            raise ProtocolError(ErrorCode.UNSUPPORTED_VERSION,
+                                f"protocol version {version} is not supported; this server speaks {VERSION}")
+        rate = _field(data, "sample_rate", int)
+        if not MIN_INPUT_RATE_HZ <= rate <= MAX_INPUT_RATE_HZ:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE,
+                                f"sample_rate must be in [{MIN_INPUT_RATE_HZ}, {MAX_INPUT_RATE_HZ}] Hz, got {rate}")
+        fmt = _field(data, "format", str, required=False, default="pcm16")
+        if fmt != "pcm16":
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, f"format must be 'pcm16', got {fmt!r}")
+        return Start(sample_rate=rate, persona=_field(data, "persona", str, required=False),
+                     token=_field(data, "token", str, required=False, default=""), version=version)
+    if kind == "text":
+        text_value = _field(data, "text", str).strip()
+        if not text_value or len(text_value) > MAX_TEXT_CHARS:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, f"text must be 1 to {MAX_TEXT_CHARS} characters")
+        return TextInput(text_value)
+    if kind == "interrupt":
+        return Interrupt()
+    if kind == "persona":
+        return SetPersona(_field(data, "persona", str))
+    if kind == "played":
+        gen, samples = _field(data, "gen", int), _field(data, "samples", int)
+        if gen < 0 or samples < 0:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, "gen and samples must be >= 0")
+        return Played(gen, samples)
+    if kind == "end":
+        return End()
+    raise ProtocolError(ErrorCode.BAD_MESSAGE, f"unknown message type {kind!r}")
+
+
+def check_audio_frame(data: bytes) -> None:
+    """A binary client frame must hold whole little-endian int16 samples."""
+    if len(data) % 2:
+        raise ProtocolError(ErrorCode.BAD_AUDIO, f"a PCM16 frame has an even number of bytes, got {len(data)}")
+
+
+def error_message(code: str, message: str) -> dict:
+    return {"type": "error", "code": code, "message": message, "fatal": code in CLOSE_CODES}
+
+
+def encode(message: dict) -> str:
+    """Server messages are compact JSON text frames."""
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,104 @@
+"""One WebSocket conversation: its Conversation (pipeline), and the thread that carries output
+frames from the pipeline's threads onto the event loop as protocol messages.
+
+asyncio stops here: the pipeline runs on threads and is only ever called with plain methods; its
+output reaches the loop through ``run_coroutine_threadsafe`` on a bounded queue, so a slow client
+slows the pump (backpressure) instead of growing memory.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+
+from app.server.conversation import Conversation
+from app.server.events import StateTracker, audio_messages, to_messages
+from pipeline import frames as f
+
+log = logging.getLogger(__name__)
+
+CLOSED = object()  # put on the queue when the pump stops: the sender ends
+OUT_QUEUE_SIZE = 256  # messages; a few seconds of audio chunks
+
+
+class Session:
+    """A started session. ``outbox`` holds JSON dicts and (audio header, PCM bytes) pairs."""
+
+    def __init__(self, session_id: str, conversation: Conversation, persona: str, input_rate_hz: int,
+                 loop: asyncio.AbstractEventLoop):
+        self.id = session_id
+        self.conversation = conversation
+        self.persona = persona
+        self.input_rate_hz = input_rate_hz
+        self.loop = loop
+        self.outbox: asyncio.Queue = asyncio.Queue(maxsize=OUT_QUEUE_SIZE)
+        # Audio of a turn older than this is dropped at the socket, even if already queued: an
+        # interruption must stop the sound within one chunk, not after the queue drains.
+        self.min_audio_gen = 0
+        self.latest_gen = 0
+        self.num_audio_bytes_in = 0
+        self._state = StateTracker()
+        self._stop = threading.Event()
+        self._pump = threading.Thread(target=self._run, name=f"voxlane-{session_id}-pump", daemon=True)
+        self._pump.start()
+
+    # --- pipeline thread side ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                frame = self.conversation.next_frame(0.1)
+                if frame is None:
+                    continue
+                self.latest_gen = max(self.latest_gen, frame.gen)
+                if isinstance(frame, f.Interrupt):
+                    self.min_audio_gen = max(self.min_audio_gen, frame.gen)
+                if isinstance(frame, f.AudioOut):
+                    header, pcm = audio_messages(frame)
+                    self._put((header, pcm))
+                else:
+                    for message in to_messages(frame):
+                        self._put(message)
+                change = self._state.update(frame)
+                if change:
+                    self._put(change)
+        except Exception:  # a pump bug must end the session visibly, not hang it
+            log.exception("session %s: output pump failed", self.id)
+            self._put({"type": "error", "code": "internal", "message": "output pump failed", "fatal": True})
+        finally:
+            self._put(CLOSED)
+
+    def _put(self, item) -> None:
+        """Hand one message to the event loop, waiting while the outbox is full (until closed)."""
+        if self.loop.is_closed():
+            return
+        future = asyncio.run_coroutine_threadsafe(self.outbox.put(item), self.loop)
+        while True:
+            try:
+                future.result(timeout=0.25)
+                return
+            except concurrent.futures.TimeoutError:
+                if self._stop.is_set():  # nobody reads any more: the session is going away
+                    future.cancel()
+                    return
+
+    # --- event loop side --------------------------------------------------------------------
+
+    def interrupt(self) -> None:
+        """The client asked to stop: drop this turn's queued audio now, then stop the pipeline."""
+        self.min_audio_gen = max(self.min_audio_gen, self.latest_gen + 1)
+        self.conversation.interrupt()
+
+    def is_stale(self, header: dict) -> bool:
+        return header["gen"] < self.min_audio_gen
+
+    def close(self) -> None:
+        """Blocking: stop the pump and the pipeline (threads, engine slot). Call via to_thread."""
+        self._stop.set()
+        try:
+            self.conversation.close()
+        finally:
+            self._pump.join(timeout=10)
+            if self._pump.is_alive():
+                log.warning("session %s: pump thread did not stop", self.id)

@@ -1,0 +1,393 @@
+// Voxlane's talking widget: speaks the /ws protocol (docs/protocol.md) from the Gradio page.
+// Capture and playback run in AudioWorklets (capture-worklet.js, playback-worklet.js), so audio
+// moves in 20 ms frames instead of Gradio's multi-hundred-millisecond streaming chunks.
+// window.voxlaneStats exposes what happened (for the browser test and for curious users).
+(function () {
+  "use strict";
+
+  const stats = (window.voxlaneStats = {
+    connected: false, state: "idle", ready: null, errors: [], turns: [],
+    playedSamples: 0, nonSilentSamples: 0, peak: 0, firstSoundMs: {}, audioChunks: 0,
+  });
+
+  function el(tag, attrs, text) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  class Widget {
+    constructor(root) {
+      this.root = root;
+      this.personas = JSON.parse(root.dataset.personas || "[]");
+      this.persona = root.dataset.defaultPersona || this.personas[0] || "";
+      this.ws = null;
+      this.ctx = null;
+      this.started = null; // a Promise while connecting/connected
+      this.talking = false;
+      this.handsFree = false;
+      this.serverState = "idle";
+      this.buffered = 0;
+      this.paused = false;
+      this.minGen = 0;
+      this.pendingAudio = null; // the "audio" header whose PCM is the next binary message
+      this.userBubbles = {};
+      this.botBubbles = {};
+      this.pendingTyped = null;
+      this.endOfSpeechAt = {}; // gen -> performance.now() when the user's turn ended
+      this.lastHeard = {};
+      this.build();
+    }
+
+    build() {
+      this.root.textContent = "";
+      const box = el("div", { class: "vx" });
+      const top = el("div", { class: "vx-top" });
+      this.stateEl = el("span", { id: "vx-state", class: "vx-state", "data-state": "idle" }, "idle");
+      const label = el("label", { class: "vx-persona-label" }, "Persona ");
+      this.select = el("select", { id: "vx-persona" });
+      for (const name of this.personas) {
+        const option = el("option", { value: name }, name);
+        if (name === this.persona) option.selected = true;
+        this.select.appendChild(option);
+      }
+      label.appendChild(this.select);
+      top.append(this.stateEl, label);
+      this.chat = el("div", { id: "vx-chat", class: "vx-chat", "aria-live": "polite" });
+      const controls = el("div", { class: "vx-controls" });
+      this.talkBtn = el("button", { id: "vx-talk", class: "vx-btn vx-primary", type: "button" }, "Hold to talk");
+      this.handsBtn = el("button", { id: "vx-hands", class: "vx-btn", type: "button", "aria-pressed": "false" }, "Hands-free: off");
+      this.stopBtn = el("button", { id: "vx-stop", class: "vx-btn", type: "button" }, "Stop");
+      controls.append(this.talkBtn, this.handsBtn, this.stopBtn);
+      const form = el("form", { class: "vx-text" });
+      this.input = el("input", { id: "vx-input", type: "text", placeholder: "…or type a message", autocomplete: "off" });
+      form.append(this.input, el("button", { class: "vx-btn", type: "submit" }, "Send"));
+      this.status = el("div", { id: "vx-status", class: "vx-status" }, "Press “Hold to talk”, “Hands-free” or type to start.");
+      const latency = el("div", { class: "vx-latency" });
+      latency.append(el("div", { class: "vx-latency-title" }, "Latency (last turn)"));
+      this.waterfall = el("div", { id: "vx-waterfall", class: "vx-waterfall" }, "no turn yet");
+      latency.append(this.waterfall);
+      box.append(top, this.chat, controls, form, this.status, latency);
+      this.root.appendChild(box);
+
+      const press = (e) => { e.preventDefault(); this.startTalking(); };
+      const release = () => this.stopTalking();
+      this.talkBtn.addEventListener("pointerdown", press);
+      this.talkBtn.addEventListener("pointerup", release);
+      this.talkBtn.addEventListener("pointerleave", release);
+      document.addEventListener("keydown", (e) => {
+        if (e.code === "Space" && !e.repeat && document.activeElement === document.body) press(e);
+      });
+      document.addEventListener("keyup", (e) => { if (e.code === "Space") release(); });
+      this.handsBtn.addEventListener("click", () => this.toggleHandsFree());
+      this.stopBtn.addEventListener("click", () => this.interrupt());
+      this.select.addEventListener("change", () => this.setPersona(this.select.value));
+      form.addEventListener("submit", (e) => { e.preventDefault(); this.sendText(this.input.value); });
+    }
+
+    // --- connection --------------------------------------------------------------------------
+    ensureStarted() {
+      if (!this.started) this.started = this.connect().catch((err) => {
+        this.started = null;
+        this.showError("connect", String(err && err.message || err));
+        throw err;
+      });
+      return this.started;
+    }
+
+    async connect() {
+      this.setStatus("Starting audio…");
+      this.ctx = new AudioContext({ latencyHint: "interactive" });
+      await this.ctx.resume();
+      await this.ctx.audioWorklet.addModule("/static/capture-worklet.js");
+      await this.ctx.audioWorklet.addModule("/static/playback-worklet.js");
+      this.player = new AudioWorkletNode(this.ctx, "voxlane-playback", { outputChannelCount: [1] });
+      this.player.connect(this.ctx.destination);
+      this.player.port.onmessage = (e) => this.onPlayback(e.data);
+      let stream;
+      try {
+        stream = await navigator.mediaDevices.getUserMedia({
+          // The browser's echo canceller uses what this page plays as its reference: with open
+          // speakers the assistant does not hear (and answer) itself.
+          audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+        });
+      } catch (err) {
+        this.setStatus("No microphone (" + err.name + "): you can still type.");
+      }
+      if (stream) {
+        const source = this.ctx.createMediaStreamSource(stream);
+        this.capture = new AudioWorkletNode(this.ctx, "voxlane-capture", { numberOfOutputs: 1 });
+        const mute = this.ctx.createGain();
+        mute.gain.value = 0; // keeps the capture node pulled by the graph without making a sound
+        source.connect(this.capture).connect(mute).connect(this.ctx.destination);
+        this.capture.port.onmessage = (e) => this.onMicFrame(e.data);
+      }
+      const token = new URLSearchParams(location.search).get("token") || "";
+      const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+      this.ws = new WebSocket(scheme + location.host + "/ws");
+      this.ws.binaryType = "arraybuffer";
+      await new Promise((resolve, reject) => {
+        this.ws.onopen = () => this.ws.send(JSON.stringify({
+          type: "start", version: 1, sample_rate: this.ctx.sampleRate, format: "pcm16",
+          persona: this.persona, token: token }));
+        this.ws.onerror = () => reject(new Error("WebSocket error"));
+        this.ws.onclose = (e) => { this.onClose(e); reject(new Error("closed: " + e.code + " " + e.reason)); };
+        this.ws.onmessage = (e) => {
+          if (typeof e.data === "string" && JSON.parse(e.data).type === "ready") resolve();
+          this.onMessage(e);
+        };
+      });
+      this.setStatus("Connected.");
+    }
+
+    onClose(e) {
+      stats.connected = false;
+      this.started = null;
+      this.setState("idle");
+      this.setStatus("Disconnected (" + e.code + (e.reason ? ": " + e.reason : "") + "). Press a button to reconnect.");
+    }
+
+    // --- input ---------------------------------------------------------------------------------
+    onMicFrame(floats) {
+      if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return;
+      // Frames flow all the time: silence (zeros) when not capturing, so the server's VAD sees the
+      // end of a held-to-talk turn at once and its clock never stalls.
+      const live = this.talking || this.handsFree;
+      const pcm = new Int16Array(floats.length);
+      if (live) {
+        for (let i = 0; i < floats.length; i++) {
+          const s = Math.max(-1, Math.min(1, floats[i]));
+          pcm[i] = s < 0 ? s * 32768 : s * 32767;
+        }
+      }
+      this.ws.send(pcm.buffer);
+    }
+
+    async startTalking() {
+      await this.ensureStarted();
+      if (this.isSpeaking()) this.interrupt(); // pressing to talk is a barge-in
+      this.talking = true;
+      this.talkBtn.classList.add("vx-active");
+      this.render();
+    }
+
+    stopTalking() {
+      if (!this.talking) return;
+      this.talking = false;
+      this.talkBtn.classList.remove("vx-active");
+      this.render();
+    }
+
+    async toggleHandsFree() {
+      await this.ensureStarted();
+      this.handsFree = !this.handsFree;
+      this.handsBtn.textContent = "Hands-free: " + (this.handsFree ? "on" : "off");
+      this.handsBtn.setAttribute("aria-pressed", String(this.handsFree));
+      this.handsBtn.classList.toggle("vx-active", this.handsFree);
+      this.render();
+    }
+
+    interrupt() {
+      if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify({ type: "interrupt" }));
+      this.flush(Infinity);
+    }
+
+    async sendText(text) {
+      text = (text || "").trim();
+      if (!text) return;
+      await this.ensureStarted();
+      this.input.value = "";
+      this.pendingTyped = this.bubble("user", text);
+      this.typedAt = performance.now();
+      this.ws.send(JSON.stringify({ type: "text", text: text }));
+    }
+
+    setPersona(name) {
+      this.persona = name;
+      if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify({ type: "persona", persona: name }));
+    }
+
+    // --- output --------------------------------------------------------------------------------
+    onMessage(e) {
+      if (typeof e.data !== "string") return this.onAudio(e.data);
+      const m = JSON.parse(e.data);
+      switch (m.type) {
+        case "ready":
+          stats.connected = true; stats.ready = m;
+          break;
+        case "state":
+          this.serverState = m.state; this.render();
+          break;
+        case "vad":
+          if (m.event === "speech_started") this.userBubble(m.gen, "…", true);
+          if (m.event === "speech_ended") this.endOfSpeechAt[m.gen] = performance.now();
+          break;
+        case "transcript": {
+          const b = this.userBubble(m.gen, m.text, !m.final);
+          if (m.final) stats.lastTranscript = m.text;
+          if (m.final && !m.text) b.classList.add("vx-empty");
+          break;
+        }
+        case "assistant_delta": {
+          const b = this.botBubble(m.gen);
+          b.textContent += m.text;
+          stats.lastReply = b.textContent;
+          this.chat.scrollTop = this.chat.scrollHeight;
+          break;
+        }
+        case "assistant_done":
+          if (m.interrupted) this.botBubble(m.gen).classList.add("vx-interrupted");
+          break;
+        case "audio":
+          this.pendingAudio = m;
+          break;
+        case "interrupted":
+          this.flush(m.gen);
+          for (const gen of Object.keys(this.botBubbles)) if (+gen < m.gen) this.botBubbles[gen].classList.add("vx-interrupted");
+          break;
+        case "playback":
+          this.paused = m.action === "pause";
+          this.player.port.postMessage({ type: m.action });
+          this.render();
+          break;
+        case "turn":
+          this.showWaterfall(m.gen, m.waterfall);
+          break;
+        case "persona":
+          this.setStatus("Persona " + m.persona + " from your next turn.");
+          break;
+        case "error":
+          this.showError(m.code, m.message);
+          break;
+      }
+    }
+
+    onAudio(buffer) {
+      const header = this.pendingAudio;
+      this.pendingAudio = null;
+      if (!header || header.gen < this.minGen) return; // a turn that was interrupted: never play it
+      if (this.typedAt && this.endOfSpeechAt[header.gen] === undefined) {
+        this.endOfSpeechAt[header.gen] = this.typedAt; this.typedAt = null;
+      }
+      const pcm = new Int16Array(buffer);
+      const ratio = this.ctx.sampleRate / header.sample_rate;
+      // Linear interpolation to the context's rate: the playback rate always matches the data's.
+      const n = Math.floor(pcm.length * ratio);
+      const out = new Float32Array(n);
+      for (let i = 0; i < n; i++) {
+        const x = i / ratio, j = Math.floor(x), f = x - j;
+        const a = pcm[j] / 32768, b = (j + 1 < pcm.length ? pcm[j + 1] : pcm[j]) / 32768;
+        out[i] = a + (b - a) * f;
+      }
+      stats.audioChunks++;
+      this.player.port.postMessage({ type: "push", samples: out, gen: header.gen, ratio: ratio }, [out.buffer]);
+    }
+
+    flush(keepGen) {
+      this.minGen = Math.max(this.minGen, keepGen === Infinity ? (this.lastGen || 0) + 1 : keepGen);
+      if (this.player) this.player.port.postMessage({ type: "flush", keepGen: this.minGen });
+      this.buffered = 0;
+      this.render();
+    }
+
+    onPlayback(m) {
+      if (m.type === "sound") {
+        const t0 = this.endOfSpeechAt[m.gen];
+        if (t0 !== undefined) stats.firstSoundMs[m.gen] = Math.round(performance.now() - t0);
+        return;
+      }
+      Object.assign(stats, { playedSamples: m.stats.playedSamples, nonSilentSamples: m.stats.nonSilentSamples, peak: m.stats.peak });
+      this.buffered = m.buffered;
+      // Tell the server what the user actually heard: the history keeps only that if they interrupt.
+      for (const [gen, samples] of Object.entries(m.heard)) {
+        const heard = Math.round(samples);
+        if (this.lastHeard[gen] !== heard && this.ws && this.ws.readyState === WebSocket.OPEN) {
+          this.lastHeard[gen] = heard;
+          this.ws.send(JSON.stringify({ type: "played", gen: +gen, samples: heard }));
+        }
+      }
+      this.render();
+    }
+
+    isSpeaking() { return this.buffered > 0 && !this.paused; }
+
+    // --- view ----------------------------------------------------------------------------------
+    render() {
+      let state = this.serverState;
+      if (!stats.connected) state = "idle";
+      else if (this.isSpeaking()) state = "speaking";
+      else if (this.talking) state = "listening";
+      else if (state === "speaking") state = "listening"; // the server sent it all and we played it all
+      this.setState(state);
+    }
+
+    setState(state) {
+      if (stats.state === state) return;
+      stats.state = state;
+      this.stateEl.dataset.state = state;
+      const labels = { idle: "idle", listening: this.handsFree || this.talking ? "listening…" : "ready",
+                       thinking: "thinking…", speaking: "speaking" };
+      this.stateEl.textContent = labels[state] || state;
+    }
+
+    bubble(role, text, partial) {
+      const b = el("div", { class: "vx-msg vx-" + role + (partial ? " vx-partial" : "") }, text);
+      this.chat.appendChild(b);
+      this.chat.scrollTop = this.chat.scrollHeight;
+      return b;
+    }
+
+    userBubble(gen, text, partial) {
+      this.lastGen = Math.max(this.lastGen || 0, gen);
+      let b = this.userBubbles[gen];
+      if (!b && this.pendingTyped) { b = this.pendingTyped; this.pendingTyped = null; return (this.userBubbles[gen] = b); }
+      if (!b) b = this.userBubbles[gen] = this.bubble("user", "", true);
+      b.textContent = text;
+      b.classList.toggle("vx-partial", !!partial);
+      return b;
+    }
+
+    botBubble(gen) {
+      this.lastGen = Math.max(this.lastGen || 0, gen);
+      if (this.pendingTyped) { this.userBubbles[gen] = this.pendingTyped; this.pendingTyped = null; }
+      if (!this.botBubbles[gen]) this.botBubbles[gen] = this.bubble("assistant", "");
+      return this.botBubbles[gen];
+    }
+
+    showWaterfall(gen, w) {
+      const row = { gen: gen, waterfall: w, browser_first_sound_ms: stats.firstSoundMs[gen] };
+      stats.turns.push(row);
+      this.waterfall.textContent = "";
+      const marks = Object.entries(w || {}).filter(([k, v]) => typeof v === "number" && k.endsWith("_ms"));
+      if (row.browser_first_sound_ms !== undefined) marks.push(["first_sound_in_browser_ms", row.browser_first_sound_ms]);
+      const max = Math.max(1, ...marks.map(([, v]) => v));
+      for (const [name, value] of marks) {
+        const line = el("div", { class: "vx-bar-row" });
+        const bar = el("div", { class: "vx-bar" });
+        bar.style.width = Math.max(1, (100 * value) / max) + "%";
+        line.append(el("span", { class: "vx-bar-label" }, name.replace(/_ms$/, "").replace(/_/g, " ")),
+                    el("span", { class: "vx-bar-track" }), el("span", { class: "vx-bar-value" }, Math.round(value) + " ms"));
+        line.children[1].appendChild(bar);
+        this.waterfall.appendChild(line);
+      }
+      if (!marks.length) this.waterfall.textContent = "no timings for this turn";
+    }
+
+    setStatus(text) { this.status.textContent = text; }
+
+    showError(code, message) {
+      stats.errors.push({ code: code, message: message });
+      this.setStatus("Error (" + code + "): " + message);
+    }
+  }
+
+  function mount() {
+    const root = document.getElementById("vx-root");
+    if (!root) return setTimeout(mount, 100); // Gradio renders the page after this script loads
+    if (root.dataset.mounted) return;
+    root.dataset.mounted = "1";
+    window.voxlaneWidget = new Widget(root);
+  }
+  mount();
+})();

@@ -1,0 +1,185 @@
+"""The ``/ws`` endpoint: one WebSocket = one session, speaking docs/protocol.md.
+
+Reading happens here, on the event loop; writing happens in one sender task per socket (the only
+writer, so messages never interleave); the pipeline lives on its own threads (app/server/session.py).
+Whatever ends the socket — "end", a disconnect mid-answer, an error — the ``finally`` frees the
+pipeline's threads, its engine slot and the session's place.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import numpy as np
+from fastapi import WebSocket, WebSocketDisconnect
+
+from app.config import ServerConfig
+from app.server import protocol as p
+from app.server.access import is_origin_allowed, is_token_valid
+from app.server.conversation import ConversationFactory
+from app.server.registry import SessionLimitReached, SessionRegistry
+from app.server.session import CLOSED, Session
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 30.0  # a socket that never says "start" does not hold a connection forever
+
+
+class _Closed(Exception):
+    """The client went away or sent "end"."""
+
+
+class SocketHandler:
+    """Serves one WebSocket connection from accept to close."""
+
+    def __init__(self, websocket: WebSocket, config: ServerConfig, factory: ConversationFactory,
+                 registry: SessionRegistry):
+        self.ws = websocket
+        self.config = config
+        self.factory = factory
+        self.registry = registry
+        self.session: Session | None = None
+        self.session_id: str | None = None
+        self._sender: asyncio.Task | None = None
+
+    async def run(self) -> None:
+        await self.ws.accept()
+        try:
+            if not is_origin_allowed(self.ws.headers.get("origin"), self.ws.headers.get("host"), self.config):
+                raise p.ProtocolError(p.ErrorCode.FORBIDDEN_ORIGIN,
+                                      "this page's origin may not use the server (server.allowed_origins)")
+            await self._serve()
+        except (_Closed, WebSocketDisconnect):
+            pass
+        except p.ProtocolError as error:  # only fatal ones get here
+            await self._fail(error.code, error.message)
+        except Exception:
+            log.exception("session %s failed", self.session_id)
+            await self._fail(p.ErrorCode.INTERNAL, "internal server error")
+        finally:
+            await self._cleanup()
+
+    async def _serve(self) -> None:
+        while True:
+            timeout = START_TIMEOUT_S if self.session is None else None
+            try:
+                message = await asyncio.wait_for(self.ws.receive(), timeout)
+            except asyncio.TimeoutError:
+                raise p.ProtocolError(p.ErrorCode.NOT_STARTED, "no 'start' message in time") from None
+            if message["type"] == "websocket.disconnect":
+                raise _Closed
+            try:
+                await self._handle(message)
+            except p.ProtocolError as error:
+                if error.is_fatal:
+                    raise
+                await self._send_now(p.error_message(error.code, error.message))
+
+    async def _handle(self, message: dict) -> None:
+        data, text = message.get("bytes"), message.get("text")
+        size = len(data) if data is not None else len((text or "").encode())
+        if size > self.config.max_message_bytes:
+            raise p.ProtocolError(p.ErrorCode.TOO_LARGE,
+                                  f"a message of {size} bytes is above server.max_message_bytes "
+                                  f"({self.config.max_message_bytes})")
+        if data is not None:
+            if self.session is None:
+                raise p.ProtocolError(p.ErrorCode.NOT_STARTED, "send 'start' before audio")
+            p.check_audio_frame(data)
+            self.session.num_audio_bytes_in += len(data)
+            self.session.conversation.push_audio(np.frombuffer(data, dtype="<i2"), self.session.input_rate_hz)
+            return
+        request = p.parse_client_text(text or "")
+        if isinstance(request, p.Start):
+            await self._start(request)
+            return
+        if self.session is None:
+            raise p.ProtocolError(p.ErrorCode.NOT_STARTED, "the first message must be 'start'")
+        if isinstance(request, p.TextInput):
+            self.session.conversation.text_input(request.text)
+            await self._send_now({"type": "state", "gen": self.session.latest_gen, "state": "thinking"})
+        elif isinstance(request, p.Interrupt):
+            self.session.interrupt()
+        elif isinstance(request, p.SetPersona):
+            self._check_persona(request.persona)
+            self.session.conversation.set_persona(request.persona)
+            self.session.persona = request.persona
+            await self._send_now({"type": "persona", "persona": request.persona, "applies": "next_turn"})
+        elif isinstance(request, p.Played):
+            self.session.conversation.report_playback(request.gen, request.samples)
+        elif isinstance(request, p.End):
+            raise _Closed
+
+    def _check_persona(self, name: str) -> None:
+        if name not in self.factory.persona_names():
+            raise p.ProtocolError(p.ErrorCode.UNKNOWN_PERSONA,
+                                  f"no persona {name!r}; available: {', '.join(self.factory.persona_names())}")
+
+    async def _start(self, request: p.Start) -> None:
+        if self.session is not None:
+            raise p.ProtocolError(p.ErrorCode.ALREADY_STARTED, "this socket's session is already started")
+        token = request.token or self.ws.query_params.get("token", "")
+        if not is_token_valid(token, self.config):
+            raise p.ProtocolError(p.ErrorCode.UNAUTHORIZED, "a valid access token is required (server.access_token)")
+        persona = request.persona or self.factory.default_persona()
+        self._check_persona(persona)
+        try:
+            self.session_id = self.registry.acquire()
+        except SessionLimitReached as error:
+            raise p.ProtocolError(p.ErrorCode.BUSY, str(error)) from None
+        conversation = await asyncio.to_thread(self.factory.open, persona)  # starts threads: off the loop
+        self.session = Session(self.session_id, conversation, persona, request.sample_rate,
+                               asyncio.get_running_loop())
+        await self._send_now({"type": "ready", "version": p.VERSION, "session": self.session_id,
+                              "persona": persona, "personas": self.factory.persona_names(),
+                              "input_sample_rate": request.sample_rate, "audio_format": "pcm16le",
+                              "max_message_bytes": self.config.max_message_bytes})
+        await self._send_now({"type": "state", "gen": 0, "state": "listening"})
+        self._sender = asyncio.create_task(self._send_loop())
+
+    # --- writing ----------------------------------------------------------------------------
+
+    async def _send_now(self, message: dict) -> None:
+        """Replies to the client's own messages; before the sender starts, or through it after."""
+        if self._sender is None:
+            await self.ws.send_text(p.encode(message))
+        else:
+            await self.session.outbox.put(message)
+
+    async def _send_loop(self) -> None:
+        session = self.session
+        try:
+            while True:
+                item = await session.outbox.get()
+                if item is CLOSED:
+                    return
+                if isinstance(item, tuple):
+                    header, pcm = item
+                    if session.is_stale(header):
+                        continue
+                    await self.ws.send_text(p.encode(header))
+                    await self.ws.send_bytes(pcm)
+                else:
+                    await self.ws.send_text(p.encode(item))
+        except (WebSocketDisconnect, RuntimeError):  # the socket closed under us: the reader ends too
+            pass
+
+    async def _fail(self, code: str, message: str) -> None:
+        with contextlib.suppress(Exception):
+            if self._sender is not None:
+                self._sender.cancel()
+            await self.ws.send_text(p.encode(p.error_message(code, message)))
+            await self.ws.close(code=p.CLOSE_CODES.get(code, 1008), reason=message[:120])
+
+    async def _cleanup(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(BaseException):
+                await self._sender
+        if self.session is not None:
+            await asyncio.to_thread(self.session.close)  # joins threads: never on the loop
+        if self.session_id is not None:
+            self.registry.release(self.session_id)
+        with contextlib.suppress(Exception):
+            await self.ws.close()
