@@ -18,7 +18,7 @@ BENCHMARKS = {
     "latency": ("pipeline.bench_latency", "voice-to-voice latency per stage on spoken questions"),
     "load": ("app.bench_load", "concurrent WebSocket clients against a server"),
 }
-COMMANDS = ["chat", "say", "models", "personas", "doctor"]  # modules in app/commands
+COMMANDS = ["chat", "say", "models", "personas", "doctor", "serve"]  # modules in app/commands
 
 
 def build_parser() -> argparse.ArgumentParser:
