@@ -1,9 +1,10 @@
-"""ASR stage: a turn's audio in, partial transcripts while the user speaks, one final at the end.
+"""ASR stage: a turn's audio in, partial transcripts while the user speaks, one final per turn.
 
 Partials re-transcribe the growing buffer every ``partial_interval_ms`` of audio, skipped when
-the stage has fallen behind. At a pause (a short silence inside the turn) the buffer is
-transcribed early; if no speech follows before the end of the turn, that result *is* the final,
-so the final transcript is ready the moment the VAD declares the turn over.
+the stage has fallen behind. The final is taken at the first pause (pause_ms of silence), not
+at the end of the turn: the answer can start while the VAD still waits for silence_ms, and the
+pipeline only plays it once the turn is committed. If the user resumes, the VAD re-opens the
+utterance under a new gen and this stage carries the audio over to it.
 """
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from pipeline.asr import ASRResult, WhisperTranscriber
+from pipeline.asr import WhisperTranscriber
 from pipeline.config import ASRConfig
-from pipeline.frames import Frame, SpeechEnded, SpeechPaused, Transcript, TurnDone, UserAudio
+from pipeline.frames import (Frame, Interrupt, SpeechPaused, SystemFrame, Transcript, TurnAudioEnd, TurnDone,
+                             UserAudio)
 from pipeline.stage import Stage
 from pipeline.waterfall import WaterfallBook
 
@@ -36,15 +38,19 @@ class ASRStage(Stage):
         self.language = language
         self.book = book
         self._gen = -1
+        self._carry_to = -1  # gen that continues the current utterance after a resume
         self._chunks: list[np.ndarray] = []
         self._num_samples = 0
-        self._num_speech_frames = 0
         self._last_partial_at = 0
-        self._early: tuple[int, ASRResult] | None = None  # (speech frames when taken, result)
+        self._is_final_sent = False
+
+    def on_system(self, frame: SystemFrame) -> None:
+        if isinstance(frame, Interrupt) and frame.reason == "resume":
+            self._carry_to = frame.gen
 
     def _reset(self, gen: int) -> None:
         self._gen, self._chunks, self._num_samples = gen, [], 0
-        self._num_speech_frames, self._last_partial_at, self._early = 0, 0, None
+        self._last_partial_at, self._is_final_sent = 0, False
 
     def _buffer(self) -> np.ndarray:
         if len(self._chunks) > 1:
@@ -54,17 +60,20 @@ class ASRStage(Stage):
     def process(self, frame: Frame) -> Iterable[Frame]:
         if isinstance(frame, UserAudio):
             if frame.gen != self._gen:
-                self._reset(frame.gen)
+                if frame.gen == self._carry_to:  # the same utterance, resumed after a pause
+                    self._gen, self._is_final_sent = frame.gen, False
+                else:
+                    self._reset(frame.gen)
             self._chunks.append(frame.samples)
             self._num_samples += len(frame.samples)
-            self._num_speech_frames += int(frame.is_speech)
             yield from self._maybe_partial(frame)
         elif isinstance(frame, SpeechPaused):
-            if frame.gen == self._gen:
-                self._early = (self._num_speech_frames, self.transcriber.transcribe(self._buffer(), self.language()))
-        elif isinstance(frame, SpeechEnded):
-            yield frame
-            yield from self._final(frame)
+            if frame.gen == self._gen and not self._is_final_sent:
+                yield from self._final(frame.gen, is_end=False)
+        elif isinstance(frame, TurnAudioEnd):
+            if frame.gen == self._gen and not self._is_final_sent:
+                yield from self._final(frame.gen, is_end=True)
+            self.book.set(frame.gen, "user_audio_ms", round(1000 * self._num_samples / RATE))
         else:
             yield frame
 
@@ -78,21 +87,15 @@ class ASRStage(Stage):
         if result.text and not self.is_stale(frame.gen):
             yield Transcript(gen=frame.gen, text=result.text, is_final=False)
 
-    def _final(self, frame: SpeechEnded) -> Iterable[Frame]:
-        if frame.gen != self._gen:
-            return
-        if self._early is not None and self._early[0] == self._num_speech_frames:
-            result = self._early[1]  # no speech since the pause: the early transcript is the final
-            self.book.set(frame.gen, "asr_early", 1)
-        else:
-            result = self.transcriber.transcribe(self._buffer(), self.language())
-        self.book.mark(frame.gen, "asr_final", time.monotonic())
-        self.book.set(frame.gen, "user_audio_ms", round(1000 * self._num_samples / RATE))
-        self._reset(-1)
+    def _final(self, gen: int, is_end: bool) -> Iterable[Frame]:
+        result = self.transcriber.transcribe(self._buffer(), self.language())
         if result.dropped:
             log.info("ASR dropped: %s", "; ".join(result.dropped))
         if result.text:
-            yield Transcript(gen=frame.gen, text=result.text, is_final=True)
-        else:  # VAD heard something, Whisper found no words in it: no turn
-            self.book.set(frame.gen, "dropped", "no words recognized")
-            yield TurnDone(gen=frame.gen, waterfall=self.book.get(frame.gen))
+            self._is_final_sent = True
+            self.book.mark(gen, "asr_final", time.monotonic())
+            yield Transcript(gen=gen, text=result.text, is_final=True)
+        elif is_end:  # VAD heard something, Whisper found no words in it: no turn
+            self._is_final_sent = True
+            self.book.set(gen, "dropped", "no words recognized")
+            yield TurnDone(gen=gen, waterfall=self.book.get(gen))

@@ -41,7 +41,9 @@ class ASRConfig:
     compute_type: str = "int8"
     cpu_threads: int = 2
     beam_size: int = 1
-    partial_interval_ms: int = 1000  # re-transcribe the growing buffer this often while the user speaks
+    is_short_context: bool = True  # encode only the audio + context_pad_s, not 30 s (see pipeline/asr.py)
+    context_pad_s: float = 3.0
+    partial_interval_ms: int = 700  # re-transcribe the growing buffer this often while the user speaks
     is_partial_enabled: bool = True
     no_speech_threshold: float = 0.6  # a segment is dropped when no_speech_prob is above this ...
     logprob_threshold: float = -1.0  # ... and its avg_logprob is below this (Whisper's own rule)
@@ -59,6 +61,7 @@ class ASRConfig:
               f"must be one of {', '.join(COMPUTE_TYPES)}, got {self.compute_type!r}")
         check(1 <= self.cpu_threads <= 256, "cpu_threads", f"must be in [1, 256], got {self.cpu_threads}")
         check(1 <= self.beam_size <= 10, "beam_size", f"must be in [1, 10], got {self.beam_size}")
+        check(0.5 <= self.context_pad_s <= 20.0, "context_pad_s", f"must be in [0.5, 20], got {self.context_pad_s}")
         check(200 <= self.partial_interval_ms <= 10000, "partial_interval_ms",
               f"must be in [200, 10000], got {self.partial_interval_ms}")
         check(0.0 <= self.no_speech_threshold <= 1.0, "no_speech_threshold", "must be in [0, 1]")
@@ -73,7 +76,7 @@ class ChunkerConfig:
     """Where the token stream is cut for speech: short first chunk (fast first audio), longer later."""
 
     first_min_words: int = 3  # the first chunk ends at the first clause/sentence boundary after this many words
-    first_max_words: int = 8  # ... or at a word boundary after this many, punctuation or not
+    first_max_words: int = 6  # ... or at a word boundary after this many, punctuation or not
     min_words: int = 6  # later chunks end at a sentence boundary after this many words
     clause_words: int = 14  # ... or at a clause boundary (, ; :) after this many
     max_words: int = 30  # ... or at a word boundary after this many

@@ -108,6 +108,9 @@ class ConversationRunner:
 
     def _record(self, frame: Frame) -> None:
         if isinstance(frame, SpeechStarted):
+            if frame.is_continuation and self.order:  # the same utterance under a new gen
+                old = self.order.pop()
+                self.turns.pop(old, None)
             self._turn(frame.gen)
         elif isinstance(frame, Transcript):
             turn = self._turn(frame.gen)

@@ -144,7 +144,9 @@ def main(argv: list[str]) -> int:
     config = PipelineConfig(asr=dataclasses.replace(ASRConfig(), model=args.asr, is_partial_enabled=not args.no_partials))
     inputs = [read_input(p) for p in args.inputs]
     models = load_models(args, config)
-    pipeline = make_pipeline(models, pick_persona(args), args.persona, config)
+    personas = pick_persona(args)
+    pipeline = make_pipeline(models, personas, args.persona, config)
+    models.warm_up(pipeline.current_persona().voice)
     try:
         result = ConversationRunner(pipeline).run(inputs, args.barge_in_at)
         history = pipeline.history

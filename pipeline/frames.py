@@ -30,7 +30,7 @@ class SystemFrame(Frame):
 class Interrupt(SystemFrame):
     """*out* Drop everything older than ``gen``: stop playback, cancel generation."""
 
-    reason: str = "barge-in"  # "barge-in" | "user" (interrupt() was called) | "text" (typed turn)
+    reason: str = "barge-in"  # "barge-in" | "resume" (the user went on after a pause) | "user" | "text"
 
 
 @dataclass
@@ -48,9 +48,24 @@ class PlaybackResume(SystemFrame):
 
 @dataclass
 class SpeechStarted(SystemFrame):
-    """*out* The user is speaking (confirmed: longer than the persona's min_speech_ms); opens turn ``gen``."""
+    """*out* The user is speaking (confirmed: longer than the persona's min_speech_ms); opens turn ``gen``.
+
+    ``is_continuation``: the user spoke again after a pause, so the speculative answer to the
+    words before the pause was dropped (``Interrupt(reason="resume")``) and the same utterance
+    goes on under this new ``gen``."""
 
     at_sample: int = 0
+    is_continuation: bool = False
+
+
+@dataclass
+class SpeechEnded(SystemFrame):
+    """*out* End of the user's turn (the persona's silence_ms of silence). It *commits* turn
+    ``gen``: the answer, prepared speculatively since the pause, may now be played.
+    ``at_sample``: last voiced input sample (16 kHz clock)."""
+
+    at_sample: int = 0
+    t_speech_end: float = 0.0  # when the last voiced frame was pushed (monotonic)
 
 
 # --- data frames ---------------------------------------------------------------------------
@@ -73,15 +88,13 @@ class UserAudio(Frame):
 
 @dataclass
 class SpeechPaused(Frame):
-    """VAD → ASR: a short silence inside the turn; transcribe now so the final is ready early."""
+    """VAD → ASR: pause_ms of silence inside the turn. ASR transcribes now and the answer starts
+    speculatively; it is only played once ``SpeechEnded`` commits the turn."""
 
 
 @dataclass
-class SpeechEnded(Frame):
-    """*out* End of the user's turn (silence_ms of silence). ``at_sample``: last voiced sample."""
-
-    at_sample: int = 0
-    t_speech_end: float = 0.0  # when the last voiced frame was pushed (monotonic)
+class TurnAudioEnd(Frame):
+    """VAD → ASR: no more audio for turn ``gen`` (in order after its last UserAudio)."""
 
 
 @dataclass

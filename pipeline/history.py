@@ -35,11 +35,13 @@ class History:
 
     def __init__(self) -> None:
         self._exchanges: dict[int, Exchange] = {}
+        self._dropped: set[int] = set()  # a dropped gen stays dropped, even if begin() comes late
         self._lock = threading.Lock()
 
     def begin(self, gen: int, user: str) -> None:
         with self._lock:
-            self._exchanges[gen] = Exchange(gen, user)
+            if gen not in self._dropped:
+                self._exchanges[gen] = Exchange(gen, user)
 
     def finish(self, gen: int, assistant: str) -> None:
         with self._lock:
@@ -47,9 +49,10 @@ class History:
                 self._exchanges[gen] = replace(self._exchanges[gen], assistant=assistant)
 
     def drop(self, gen: int) -> None:
-        """Forget an exchange that failed (an error frame ended it)."""
+        """Forget an exchange that failed, or a speculative one the user spoke over."""
         with self._lock:
             self._exchanges.pop(gen, None)
+            self._dropped.add(gen)
 
     def cut(self, gen: int, heard: str) -> None:
         """The user interrupted ``gen`` after hearing ``heard``."""

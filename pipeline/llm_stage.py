@@ -97,11 +97,20 @@ class LLMStage(Stage):
         finally:
             with self._lock:
                 self._active = None
+        answer = "".join(text).strip()
         self.book.mark(gen, "llm_done")
-        self.book.set(gen, "num_tokens", num_deltas)  # one delta per decoded token in our backends
-        self.history.finish(gen, "".join(text).strip())
-        yield AssistantDone(gen=gen, text="".join(text).strip(), is_interrupted=self.is_stale(gen),
+        self.book.set(gen, "num_deltas", num_deltas)
+        self.book.set(gen, "num_tokens", self._count_answer_tokens(answer))
+        self.history.finish(gen, answer)
+        yield AssistantDone(gen=gen, text=answer, is_interrupted=self.is_stale(gen),
                             num_tokens=num_deltas)
+
+    def _count_answer_tokens(self, answer: str) -> int:
+        """Tokens of the answer itself (deltas may be words, not tokens): the template's share removed."""
+        if not answer:
+            return 0
+        empty = self.backend.count_tokens([{"role": "assistant", "content": ""}])
+        return max(0, self.backend.count_tokens([{"role": "assistant", "content": answer}]) - empty)
 
     def _chunk(self, gen: int, text: str, chunker: SpeakableChunker, persona: Persona) -> Iterable[Frame]:
         self.book.mark(gen, "first_chunk_ready", time.monotonic())

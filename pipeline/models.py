@@ -20,5 +20,15 @@ class PipelineModels:
     transcriber: WhisperTranscriber | None = None
     vad_model_path: Path | None = None
 
+    def warm_up(self, voice: Voice | None = None) -> None:
+        """One tiny generation and synthesis, so the first turn is not the one paying for
+        allocations and lazy initialisation (benchmarks measure steady state)."""
+        from engine.sampling import SamplingParams
+
+        for _ in self.llm.generate([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0.0, max_tokens=2)):
+            pass
+        if voice is not None:
+            self.tts(voice)
+
     def close(self) -> None:
         self.llm.close()

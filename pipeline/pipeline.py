@@ -19,8 +19,8 @@ from pipeline.asr import WhisperTranscriber
 from pipeline.asr_stage import ASRStage
 from pipeline.audio import PIPELINE_RATE, Resampler, to_mono_float32
 from pipeline.config import PipelineConfig
-from pipeline.frames import (AudioIn, AudioOut, Frame, Interrupt, SpeakChunk, TextDelta, TextIn,
-                             TurnDone)
+from pipeline.frames import (AudioIn, AudioOut, Frame, Interrupt, SpeakChunk, SpeechEnded, SystemFrame,
+                             TextDelta, TextIn, Transcript, TurnDone)
 from pipeline.generation import GenerationCounter
 from pipeline.history import Exchange, History
 from pipeline.llm_stage import LLMStage
@@ -65,6 +65,9 @@ class Pipeline:
         self._output: queue.Queue = queue.Queue(maxsize=self.config.queues.output_queue_size)
         self._is_closed = False
         self._interrupted_below = 0  # data frames of older turns are dropped here too
+        self._committed: set[int] = set()  # turns whose answer may be played (see _deliver)
+        self._held: dict[int, list[Frame]] = {}  # speculative answers waiting for their commit
+        self._sink_lock = threading.RLock()
         size = self.config.queues.stage_queue_size
         self.current_persona()  # fail now, not at the first turn, if the persona does not exist
 
@@ -102,6 +105,8 @@ class Pipeline:
     def text_input(self, text: str) -> int:
         """A typed user turn; it interrupts whatever the assistant was saying. Returns its gen."""
         gen = self._counter.next()
+        with self._sink_lock:
+            self._committed.add(gen)  # a typed turn is complete as typed: nothing speculative
         self._first.put(Interrupt(gen=gen, reason="text"))
         self._first.put(TextIn(gen=gen, text=text))
         return gen
@@ -160,12 +165,38 @@ class Pipeline:
         return self._counter.current
 
     def _deliver(self, frame: Frame) -> None:
-        """The end of the line (on the TTS thread, or whichever thread sent a system frame)."""
+        """The end of the line (on the TTS thread, or whichever thread sent a system frame).
+
+        A voice turn's answer starts speculatively at the user's first pause; until
+        ``SpeechEnded`` commits the turn its frames are held here, and an ``Interrupt`` (the
+        user resumed) discards them unseen. Partial transcripts are never held."""
+        with self._sink_lock:
+            if isinstance(frame, SystemFrame):
+                self._on_system(frame)
+                return
+            if frame.gen < self._interrupted_below and isinstance(frame, _DROPPED_ON_INTERRUPT):
+                return
+            is_partial = isinstance(frame, Transcript) and not frame.is_final
+            if frame.gen not in self._committed and not is_partial:
+                self._held.setdefault(frame.gen, []).append(frame)
+                return
+            self._release(frame)
+
+    def _on_system(self, frame: SystemFrame) -> None:
         if isinstance(frame, Interrupt):
             self._interrupted_below = max(self._interrupted_below, frame.gen)
             self._purge_output(frame.gen)
+            for old in [g for g in self._held if g < frame.gen]:
+                del self._held[old]
             self._settle_before(frame.gen)
-        elif isinstance(frame, AudioOut):
+        self._out(frame)
+        if isinstance(frame, SpeechEnded):
+            self._committed.add(frame.gen)
+            for held in self._held.pop(frame.gen, []):
+                self._release(held)
+
+    def _release(self, frame: Frame) -> None:
+        if isinstance(frame, AudioOut):
             self.tracker.on_audio(frame.gen, frame.chunk_index, frame.text, frame.start_sample, len(frame.pcm),
                                   frame.sample_rate)
             self.book.mark(frame.gen, "first_audio_out")
@@ -173,8 +204,9 @@ class Pipeline:
             self.tracker.on_done(frame.gen)
             self.book.mark(frame.gen, "audio_done")
             frame.waterfall = self.book.get(frame.gen)
-        if isinstance(frame, _DROPPED_ON_INTERRUPT) and frame.gen < self._interrupted_below:
-            return
+        self._out(frame)
+
+    def _out(self, frame: Frame) -> None:
         self._put_output(frame)
         if self._on_frame is not None:
             try:
@@ -183,9 +215,12 @@ class Pipeline:
                 log.exception("on_frame callback failed")
 
     def _settle_before(self, gen: int) -> None:
-        """Old turns are over: keep what was heard of each (cut + interrupted) in the history."""
+        """Old turns are over: keep what was heard of each (cut + interrupted) in the history;
+        a speculative answer nobody heard leaves no trace."""
         for old in self._history.unsettled(gen):
-            if self.tracker.is_complete(old):
+            if old not in self._committed:
+                self._history.drop(old)
+            elif self.tracker.is_complete(old):
                 self._history.settle(old)
             else:
                 heard = self.tracker.heard_text(old)

@@ -51,6 +51,7 @@ class TTSStage(Stage):
                 pcm = resample_once(pcm, tts.sample_rate, rate)
             start = self._turn_samples.get(chunk.gen, 0)
             self._turn_samples[chunk.gen] = start + len(pcm)
+            self.book.mark(chunk.gen, "first_audio_ready")  # made; played once the turn is committed
             self.book.add(chunk.gen, "audio_out_samples", len(pcm))
             self.book.set(chunk.gen, "audio_sample_rate", rate)
             yield AudioOut(gen=chunk.gen, pcm=pcm, sample_rate=rate, start_sample=start,

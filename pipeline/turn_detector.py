@@ -5,7 +5,8 @@ idle ──voiced──► onset ──min_speech_ms voiced──► speaking �
 
 ``onset`` is reported at once so playback can pause within one frame; ``start`` only once the
 sound has lasted min_speech_ms, so a cough never interrupts. ``pause`` (pause_ms of silence
-inside a turn) lets ASR transcribe early; ``end`` closes the turn.
+inside a turn) starts the answer speculatively; ``resume`` (speech again after a pause) voids
+it; ``end`` commits the turn.
 """
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ class TurnDetector:
                     events.append("blip")
         elif self.state == "speaking":
             if self.is_voiced:
+                if self._is_pause_sent:
+                    events.append("resume")  # the speculative answer to the words so far is void
                 self._silent_ms, self._is_pause_sent = 0, False
             else:
                 self._silent_ms += FRAME_MS

@@ -21,6 +21,7 @@ class SileroVAD:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = 1  # 0.2 ms per frame: more threads only add contention
         options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._session = onnxruntime.InferenceSession(str(model_path), sess_options=options,
                                                      providers=["CPUExecutionProvider"])
         self._sr = np.array(16000, dtype=np.int64)

@@ -1,7 +1,9 @@
 """VAD stage: 16 kHz audio in, turns out (speech start/pause/end and the turn's audio).
 
 It opens turns: on a confirmed start it takes a new generation number and sends ``Interrupt``
-first, which is the barge-in: everything older is dropped downstream at once.
+first, which is the barge-in: everything older is dropped downstream at once. At a pause it
+lets the answer start speculatively; ``SpeechEnded`` (a system frame, so it overtakes the
+answer in the queues) commits it, and speech resuming voids it.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import numpy as np
 
 from pipeline.config import VADConfig
 from pipeline.frames import (AudioIn, Frame, Interrupt, PlaybackPause, PlaybackResume, SpeechEnded,
-                             SpeechPaused, SpeechStarted, UserAudio)
+                             SpeechPaused, SpeechStarted, TurnAudioEnd, UserAudio)
 from pipeline.generation import GenerationCounter
 from pipeline.persona import Endpointing
 from pipeline.stage import Stage
@@ -72,6 +74,13 @@ class VADStage(Stage):
         if "blip" in events:
             self._onset = []
             yield PlaybackResume(gen=self.counter.current)
+        if "resume" in events:
+            # Speech after a pause: the answer started at the pause is void; the utterance goes on
+            # under a new gen (ASR keeps its audio, see ASRStage).
+            gen = self._turn_gen = self.counter.next()
+            self.book.mark(gen, "speech_start", self._onset_t)
+            yield Interrupt(gen=gen, reason="resume")
+            yield SpeechStarted(gen=gen, at_sample=self._onset_sample, is_continuation=True)
         if "start" in events:
             gen = self._turn_gen = self.counter.next()
             self.book.mark(gen, "speech_start", self._onset_t)
@@ -87,5 +96,6 @@ class VADStage(Stage):
             sample, t_end = self._last_voiced
             self.book.mark(self._turn_gen, "speech_end", t_end)
             self.book.mark(self._turn_gen, "turn_end_detected", time.monotonic())
-            yield SpeechEnded(gen=self._turn_gen, at_sample=sample, t_speech_end=t_end)
+            yield TurnAudioEnd(gen=self._turn_gen)  # in order behind the audio, for ASR
+            yield SpeechEnded(gen=self._turn_gen, at_sample=sample, t_speech_end=t_end)  # at once: commits
         self._pre_roll.append(samples)

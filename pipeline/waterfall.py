@@ -2,7 +2,8 @@
 
 Marks, in the order a voice turn meets them: ``speech_start``, ``speech_end`` (the last voiced
 frame arrived), ``turn_end_detected`` (the VAD waited silence_ms), ``asr_final``,
-``llm_request``, ``llm_first_token``, ``first_chunk_ready``, ``first_audio_out``,
+``llm_request``, ``llm_first_token``, ``first_chunk_ready``, ``first_audio_ready`` (synthesized;
+held until the turn is committed), ``first_audio_out`` (sent to the front end),
 ``first_audio_played`` (when the front end reports playback), ``llm_done``, ``audio_done``.
 A typed turn starts at ``text_in`` instead of ``speech_end``.
 """
@@ -13,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 ORDER = ("speech_start", "speech_end", "turn_end_detected", "text_in", "asr_final", "llm_request",
-         "llm_first_token", "first_chunk_ready", "first_audio_out", "first_audio_played", "llm_done",
+         "llm_first_token", "first_chunk_ready", "first_audio_ready", "first_audio_out", "first_audio_played", "llm_done",
          "audio_done")
 
 

@@ -1,0 +1,88 @@
+"""The speakable chunker: short first chunk, longer later ones, no splits inside numbers or
+abbreviations, and nothing unspeakable (markdown, code, emoji, URLs) reaches TTS."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline.chunker import SpeakableChunker
+from pipeline.config import ChunkerConfig
+from pipeline.persona import SpeechRules
+from pipeline.speakable import FenceFilter, clean
+
+
+def chunks(text: str, step: int = 1, **config) -> list[str]:
+    """Feeds ``text`` in pieces of ``step`` characters (1 = the worst case: every boundary split)."""
+    chunker = SpeakableChunker(ChunkerConfig(**config) if config else None)
+    out = []
+    for i in range(0, len(text), step):
+        out += chunker.feed(text[i:i + step])
+    return out + chunker.flush()
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_first_chunk_short_later_chunks_longer(step):
+    text = ("Sure, I can help with that. The museum opens at nine in the morning and closes at six. "
+            "Tickets cost twelve euros for adults. Children under twelve go in for free.")
+    out = chunks(text, step)
+    assert out[0] == "Sure, I can help with that."
+    assert all(len(c.split()) >= 6 for c in out[1:-1])
+    assert " ".join(out) == text
+
+
+@pytest.mark.parametrize("text", [
+    "Pi is roughly 3.14159 and e is about 2.71828 in most textbooks.",
+    "Bring snacks, e.g. apples or nuts, and water, i.e. at least a litre.",
+    "Dr. Smith met Mr. Jones at 5 p.m. on Main St. near the park yesterday.",
+    "It costs $1,299.99 today, which is 12.5 percent off the usual price.",
+])
+def test_never_splits_inside_numbers_or_abbreviations(text):
+    out = chunks(text, 1, first_min_words=1, min_words=1)
+    joined = " ".join(out)
+    assert joined == text
+    for before, after in zip(out, out[1:]):  # no cut inside "3.14" or after "e.g.", "Dr.", "p.m." ...
+        assert before.split()[-1] not in {"e.g.", "i.e.", "Dr.", "Mr.", "St.", "p.m."}
+        assert not (before[-1] == "." and before[-2].isdigit() and after[0].isdigit())
+
+
+def test_etc_ends_a_sentence_before_a_capital():
+    out = chunks("Okay. We have apples and plums etc. and pears etc. Then we have nuts.", 1,
+                 first_min_words=1, min_words=1)
+    assert out == ["Okay.", "We have apples and plums etc. and pears etc.", "Then we have nuts."]
+
+
+def test_first_chunk_is_cut_after_a_few_words_even_without_punctuation():
+    out = chunks("Well I think the answer you are looking for is probably forty two", 1)
+    assert len(out[0].split()) == ChunkerConfig().first_max_words
+
+
+def test_markdown_code_emoji_and_urls_are_not_spoken():
+    text = ("## Answer\nHere is **bold** and *italic* text 😀 with a [link](https://x.org/a).\n"
+            "- first item\n- second item\n```python\nprint('never read this')\n```\n"
+            "See https://example.com/docs?q=1 for more 🚀 details.")
+    out = chunks(text, 2)
+    spoken = " ".join(out)
+    for bad in ("#", "*", "`", "print", "http", "example.com", "😀", "🚀", "[", "]("):
+        assert bad not in spoken, bad
+    assert "Here is bold and italic text with a link." in spoken
+    assert "first item" in out and "second item" in out
+
+
+def test_rules_can_keep_markup():
+    rules = SpeechRules(strip_markdown=False, strip_emoji=False, strip_urls=False)
+    assert clean("**hi** 😀 https://a.b", rules) == "**hi** 😀 https://a.b"
+
+
+def test_fence_split_across_deltas():
+    fences = FenceFilter()
+    out = "".join(fences.feed(piece) for piece in ["Before ``", "`co", "de here`", "``", " after"]) + fences.flush()
+    assert out == "Before  after"
+
+
+def test_only_emoji_or_punctuation_makes_no_chunk():
+    assert chunks("😀🚀 ... !!") == []
+
+
+def test_flush_emits_the_unfinished_tail():
+    chunker = SpeakableChunker()
+    assert chunker.feed("No final punctuation") == []
+    assert chunker.flush() == ["No final punctuation"]

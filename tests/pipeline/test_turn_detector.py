@@ -1,0 +1,50 @@
+"""Turn-taking from VAD probabilities: starts only after min_speech_ms, blips never start a turn,
+a pause comes before the end, speech after a pause resumes the turn."""
+from __future__ import annotations
+
+from pipeline.config import VADConfig
+from pipeline.persona import Endpointing
+from pipeline.turn_detector import FRAME_MS, TurnDetector
+
+
+def run(probs: list[float], endpointing=Endpointing(silence_ms=480, min_speech_ms=256)) -> list[tuple[int, str]]:
+    detector = TurnDetector(VADConfig(pause_ms=192, onset_gap_ms=160))
+    events = []
+    for i, p in enumerate(probs):
+        events += [(i, e) for e in detector.update(p, endpointing)]
+    return events
+
+
+def frames(ms: int) -> int:
+    return ms // FRAME_MS
+
+
+def test_speech_starts_after_min_speech_then_pauses_then_ends():
+    probs = [0.0] * 5 + [0.9] * frames(1000) + [0.05] * frames(800)
+    events = run(probs)
+    kinds = [e for _, e in events]
+    assert kinds == ["onset", "start", "pause", "end"]
+    onset, start, pause, end = (i for i, _ in events)
+    assert start - onset == frames(256) - 1  # confirmed once 256 ms of speech have been heard
+    assert pause - (5 + frames(1000)) == frames(192) - 1
+    assert end - (5 + frames(1000)) == frames(480) - 1
+
+
+def test_a_cough_is_a_blip_not_a_turn():
+    probs = [0.0] * 5 + [0.95] * frames(160) + [0.0] * frames(600)
+    assert [e for _, e in run(probs)] == ["onset", "blip"]
+
+
+def test_hysteresis_keeps_speech_through_a_dip():
+    probs = [0.0] * 3 + [0.9] * 20 + [0.4] * 10 + [0.9] * 5 + [0.0] * frames(600)
+    assert [e for _, e in run(probs)] == ["onset", "start", "pause", "end"]
+
+
+def test_speech_after_a_pause_resumes_the_turn():
+    probs = [0.0] * 3 + [0.9] * 20 + [0.0] * frames(256) + [0.9] * 20 + [0.0] * frames(600)
+    assert [e for _, e in run(probs)] == ["onset", "start", "pause", "resume", "pause", "end"]
+
+
+def test_silence_and_low_noise_make_no_events():
+    assert run([0.0] * 100) == []
+    assert run([0.3, 0.45, 0.2, 0.49] * 25) == []
