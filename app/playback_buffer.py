@@ -43,6 +43,7 @@ class PlaybackBuffer:
     def flush(self, keep_from_gen: int) -> None:
         """Drop everything of turns older than ``keep_from_gen`` (barge-in)."""
         with self._lock:
+            self.is_paused = False  # a pause is over once the interruption it announced happens
             self.min_gen = max(self.min_gen, keep_from_gen)
             if self._chunks and self._chunks[0][0] < self.min_gen:
                 self._offset = 0  # the chunk being played is dropped: the next starts at its beginning

@@ -156,10 +156,15 @@
       const live = this.talking || this.handsFree;
       const pcm = new Int16Array(floats.length);
       if (live) {
+        let energy = 0;
         for (let i = 0; i < floats.length; i++) {
           const s = Math.max(-1, Math.min(1, floats[i]));
           pcm[i] = s < 0 ? s * 32768 : s * 32767;
+          energy += s * s;
         }
+        // The browser's own "the user stopped talking" clock, for voice-to-voice latency: the
+        // server's speech_ended message arrives only after its silence wait and transcription.
+        if (Math.sqrt(energy / floats.length) > 0.01) this.lastVoiceAt = performance.now();
       }
       this.ws.send(pcm.buffer);
     }
@@ -221,7 +226,7 @@
           break;
         case "vad":
           if (m.event === "speech_started") this.userBubble(m.gen, "…", true);
-          if (m.event === "speech_ended") this.endOfSpeechAt[m.gen] = performance.now();
+          if (m.event === "speech_ended") this.endOfSpeechAt[m.gen] = this.lastVoiceAt || performance.now();
           break;
         case "transcript": {
           const b = this.userBubble(m.gen, m.text, !m.final);
@@ -243,6 +248,9 @@
           this.pendingAudio = m;
           break;
         case "interrupted":
+          // An interruption ends any pause: the old turn's audio is dropped, the new turn's plays.
+          this.paused = false;
+          this.player.port.postMessage({ type: "resume" });
           this.flush(m.gen);
           for (const gen of Object.keys(this.botBubbles)) if (+gen < m.gen) this.botBubbles[gen].classList.add("vx-interrupted");
           break;
@@ -295,6 +303,8 @@
       if (m.type === "sound") {
         const t0 = this.endOfSpeechAt[m.gen];
         if (t0 !== undefined) stats.firstSoundMs[m.gen] = Math.round(performance.now() - t0);
+        // The turn's waterfall usually arrives before its sound is heard: redraw it with this.
+        if (this.lastTurn && this.lastTurn.gen === m.gen) this.showWaterfall(m.gen, this.lastTurn.waterfall, true);
         return;
       }
       Object.assign(stats, { playedSamples: m.stats.playedSamples, nonSilentSamples: m.stats.nonSilentSamples, peak: m.stats.peak });
@@ -355,18 +365,21 @@
       return this.botBubbles[gen];
     }
 
-    showWaterfall(gen, w) {
+    showWaterfall(gen, w, isRedraw) {
       const row = { gen: gen, waterfall: w, browser_first_sound_ms: stats.firstSoundMs[gen] };
-      stats.turns.push(row);
+      if (isRedraw && stats.turns.length) stats.turns[stats.turns.length - 1] = row;
+      else stats.turns.push(row);
+      this.lastTurn = row;
       this.waterfall.textContent = "";
-      const marks = Object.entries(w || {}).filter(([k, v]) => typeof v === "number" && k.endsWith("_ms"));
-      if (row.browser_first_sound_ms !== undefined) marks.push(["first_sound_in_browser_ms", row.browser_first_sound_ms]);
+      // w.ms: milliseconds of each stage mark from the turn's origin (end of speech, or the typed text)
+      const marks = Object.entries((w && w.ms) || {}).filter(([k, v]) => typeof v === "number" && v >= 0);
+      if (row.browser_first_sound_ms !== undefined) marks.push(["first sound here (browser)", row.browser_first_sound_ms]);
       const max = Math.max(1, ...marks.map(([, v]) => v));
       for (const [name, value] of marks) {
         const line = el("div", { class: "vx-bar-row" });
         const bar = el("div", { class: "vx-bar" });
         bar.style.width = Math.max(1, (100 * value) / max) + "%";
-        line.append(el("span", { class: "vx-bar-label" }, name.replace(/_ms$/, "").replace(/_/g, " ")),
+        line.append(el("span", { class: "vx-bar-label" }, name.replace(/_/g, " ")),
                     el("span", { class: "vx-bar-track" }), el("span", { class: "vx-bar-value" }, Math.round(value) + " ms"));
         line.children[1].appendChild(bar);
         this.waterfall.appendChild(line);

@@ -1,0 +1,131 @@
+"""A real browser talks to ``voxlane serve``: headless Chromium (Debian's) with a fake microphone
+playing a spoken question opens the page, goes hands-free, and must show the transcript and the
+reply, and play non-silent reply audio through the page's audio output (the playback worklet).
+
+The screenshot goes to artifacts/ (gitignored); its path is printed.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, process: subprocess.Popen, timeout_s: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"voxlane serve exited with {process.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not healthy after {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def question_wav(tmp_path_factory) -> Path:
+    """The question, then 40 s of silence: Chromium loops the file, and the question must be
+    asked once within the test."""
+    if not shutil.which("espeak-ng") or not shutil.which("sox"):
+        pytest.skip("espeak-ng and sox are needed to make the spoken question")
+    folder = tmp_path_factory.mktemp("browser")
+    raw, wav = folder / "raw.wav", folder / "question.wav"
+    subprocess.run(["espeak-ng", "-s", "150", "-w", str(raw), "What is the capital of France?"], check=True)
+    subprocess.run(["sox", str(raw), "-r", "48000", "-c", "1", "-b", "16", str(wav), "pad", "0.5", "40"], check=True)
+    return wav
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1")
+    backend = os.environ.get("VOXLANE_TEST_BACKEND", "transformers")
+    with open(log_path, "w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "app", "serve", "--port", str(port), "--backend", backend],
+                                   cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}/healthz", process, timeout_s=300)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        print(f"server log: {log_path}")
+
+
+def test_browser_talks_hands_free(server, question_wav):
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    artifacts = ROOT / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    profile = artifacts / "chromium-profile"
+    shutil.rmtree(profile, ignore_errors=True)
+    args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+            f"--use-file-for-fake-audio-capture={question_wav}", "--autoplay-policy=no-user-gesture-required"]
+    console: list[str] = []
+    external: list[str] = []
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM, headless=True,
+                                                        args=args, viewport={"width": 1200, "height": 900})
+        try:
+            page = context.new_page()
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+            # The page must work offline: note any request that leaves this machine.
+            page.on("request", lambda r: external.append(r.url)
+                    if not r.url.startswith((server, "data:", "blob:", "ws://127.0.0.1")) else None)
+            page.goto(server + "/", wait_until="load", timeout=120_000)
+            page.wait_for_selector("#vx-hands", timeout=120_000)
+            page.click("#vx-hands")
+            page.wait_for_function("window.voxlaneStats && window.voxlaneStats.connected", timeout=120_000)
+            # Transcript, reply, and reply audio that actually reached the page's audio output.
+            page.wait_for_function("window.voxlaneStats.lastTranscript", timeout=180_000)
+            page.wait_for_function("window.voxlaneStats.lastReply && window.voxlaneStats.nonSilentSamples > 4800",
+                                   timeout=180_000)
+            page.wait_for_function("Object.keys(window.voxlaneStats.firstSoundMs).length > 0", timeout=180_000)
+            page.wait_for_function("window.voxlaneStats.turns.length > 0", timeout=180_000)
+            stats = page.evaluate("window.voxlaneStats")
+            user_text = page.inner_text("#vx-chat .vx-user:not(.vx-empty)")
+            reply_text = page.inner_text("#vx-chat .vx-assistant")
+            shot = artifacts / "browser-e2e.png"
+            page.screenshot(path=str(shot), full_page=True)
+            print(f"\nscreenshot: {shot}")
+        finally:
+            context.close()
+    print(f"transcript: {stats['lastTranscript']!r}\nreply: {stats['lastReply']!r}")
+    print(f"played samples: {stats['playedSamples']}, non-silent: {stats['nonSilentSamples']}, peak: {stats['peak']:.3f}")
+    for turn in stats["turns"]:
+        print(f"turn {turn['gen']}: server waterfall (ms) {turn['waterfall'].get('ms')}; "
+              f"browser: first reply sound {turn.get('browser_first_sound_ms')} ms after the question's last voiced frame")
+    assert "capital" in user_text.lower() or "france" in user_text.lower(), (user_text, console)
+    assert reply_text.strip(), console
+    assert stats["peak"] > 0.01
+    assert not stats["errors"], stats["errors"]
+    assert not external, f"the page fetched from outside: {external[:5]}"
