@@ -12,19 +12,19 @@ from pipeline import frames as f
 Outgoing = dict | bytes  # a JSON message, or the binary PCM16 that follows an "audio" header
 
 
-def audio_messages(frame: f.AudioOut) -> list[Outgoing]:
+def audio_messages(frame: f.AudioOut) -> tuple[dict, bytes]:
     pcm = np.ascontiguousarray(frame.pcm, dtype="<i2")
     header = {"type": "audio", "gen": frame.gen, "sample_rate": frame.sample_rate,
               "samples": int(pcm.size), "start_sample": frame.start_sample,
               "chunk_index": frame.chunk_index, "text": frame.text}
-    return [header, pcm.tobytes()]
+    return header, pcm.tobytes()
 
 
 def to_messages(frame: f.Frame) -> list[Outgoing]:
     """The protocol messages for one output frame (none for frames a client does not need)."""
     gen = frame.gen
     if isinstance(frame, f.AudioOut):
-        return audio_messages(frame)
+        return list(audio_messages(frame))
     if isinstance(frame, f.TextDelta):
         return [{"type": "assistant_delta", "gen": gen, "text": frame.text}]
     if isinstance(frame, f.Transcript):

@@ -54,15 +54,14 @@ class Session:
                 self.latest_gen = max(self.latest_gen, frame.gen)
                 if isinstance(frame, f.Interrupt):
                     self.min_audio_gen = max(self.min_audio_gen, frame.gen)
+                change = self._state.update(frame)
+                if change:  # before the frame's own messages: "speaking" arrives with the first audio
+                    self._put(change)
                 if isinstance(frame, f.AudioOut):
-                    header, pcm = audio_messages(frame)
-                    self._put((header, pcm))
+                    self._put(audio_messages(frame))  # (header, pcm): sent back to back
                 else:
                     for message in to_messages(frame):
                         self._put(message)
-                change = self._state.update(frame)
-                if change:
-                    self._put(change)
         except Exception:  # a pump bug must end the session visibly, not hang it
             log.exception("session %s: output pump failed", self.id)
             self._put({"type": "error", "code": "internal", "message": "output pump failed", "fatal": True})

@@ -135,7 +135,6 @@ class SocketHandler:
                               "persona": persona, "personas": self.factory.persona_names(),
                               "input_sample_rate": request.sample_rate, "audio_format": "pcm16le",
                               "max_message_bytes": self.config.max_message_bytes})
-        await self._send_now({"type": "state", "gen": 0, "state": "listening"})
         self._sender = asyncio.create_task(self._send_loop())
 
     # --- writing ----------------------------------------------------------------------------
