@@ -27,6 +27,19 @@ class ASRResult:
     dropped: list[str] = field(default_factory=list)
 
 
+def repeats_itself(text: str, n: int = 4) -> bool:
+    """True when some run of ``n`` words occurs twice: the signature of a decoder loop, and too
+    short for the compression-ratio test to catch."""
+    words = text.lower().split()
+    seen = set()
+    for i in range(len(words) - n + 1):
+        gram = tuple(words[i:i + n])
+        if gram in seen:
+            return True
+        seen.add(gram)
+    return False
+
+
 class WhisperTranscriber:
     """One loaded Whisper model; may be shared by many sessions (calls are serialized: two
     concurrent decodes on 2 cores would each take twice as long and both be late)."""
@@ -71,7 +84,7 @@ class WhisperTranscriber:
         ids = [t for t in result.sequences_ids[0] if t < tokenizer.eot]
         text = tokenizer.decode(ids).strip()
         ratio = get_compression_ratio(text) if text else 0.0
-        if len(ids) >= max_new or ratio > self.config.max_compression_ratio:
+        if len(ids) >= max_new or ratio > self.config.max_compression_ratio or repeats_itself(text):
             return None
         avg_logprob = result.scores[0] * len(ids) / (len(ids) + 1)  # scores are length-normalized
         return Segment(text, float(result.no_speech_prob), float(avg_logprob), float(ratio))

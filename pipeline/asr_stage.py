@@ -16,8 +16,7 @@ import numpy as np
 
 from pipeline.asr import WhisperTranscriber
 from pipeline.config import ASRConfig
-from pipeline.frames import (Frame, Interrupt, SpeechPaused, SystemFrame, Transcript, TurnAudioEnd, TurnDone,
-                             UserAudio)
+from pipeline.frames import Frame, Interrupt, SpeechPaused, Transcript, TurnAudioEnd, TurnDone, UserAudio
 from pipeline.stage import Stage
 from pipeline.waterfall import WaterfallBook
 
@@ -44,9 +43,13 @@ class ASRStage(Stage):
         self._last_partial_at = 0
         self._is_final_sent = False
 
-    def on_system(self, frame: SystemFrame) -> None:
-        if isinstance(frame, Interrupt) and frame.reason == "resume":
-            self._carry_to = frame.gen
+    def before_purge(self, interrupt: Interrupt, queued) -> None:
+        if interrupt.reason == "resume":
+            # The user went on after a pause: the audio still queued belongs to the same utterance.
+            self._carry_to = interrupt.gen
+            for frame in queued:
+                if isinstance(frame, UserAudio):
+                    frame.gen = interrupt.gen
 
     def _reset(self, gen: int) -> None:
         self._gen, self._chunks, self._num_samples = gen, [], 0

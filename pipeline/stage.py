@@ -40,6 +40,8 @@ class Stage:
     def put(self, frame: Frame) -> None:
         if isinstance(frame, SystemFrame):
             if isinstance(frame, Interrupt) and frame.gen > self._min_gen:
+                with self._inbox.mutex:
+                    self.before_purge(frame, self._inbox.queue)
                 self._min_gen = frame.gen
                 self._purge()
             self.on_system(frame)
@@ -56,6 +58,10 @@ class Stage:
             self._inbox.not_full.notify_all()
 
     # --- for subclasses ----------------------------------------------------------------------
+
+    def before_purge(self, interrupt: Interrupt, queued) -> None:
+        """Called with the queue locked, before an Interrupt drops the older frames in it: a
+        stage may re-label frames it must keep (ASR keeps a resumed utterance's audio)."""
 
     def on_system(self, frame: SystemFrame) -> None:
         """React to a system frame at once (runs on the caller's thread: keep it short)."""

@@ -1,0 +1,68 @@
+"""ASR with whisper-base (int8, short-context decoding): WER on clean synthetic speech, nothing
+from silence or noise, and the hallucination guards' rules."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.asr_guard import Segment, drop_reason
+from pipeline.config import ASRConfig
+from tests.pipeline.wer import word_errors
+
+SENTENCES = [
+    "What is the capital of France?",
+    "Please set a timer for ten minutes.",
+    "How many legs does a spider have?",
+    "Could you explain why the sky looks blue during the day?",
+    "Remind me to call my sister tomorrow morning.",
+    "What time does the museum open on Sunday?",
+]
+
+
+def test_word_error_rate_on_clean_synthetic_speech(transcriber, say):
+    errors = total = 0
+    for engine in ("piper", "flite"):
+        for sentence in SENTENCES:
+            audio, _ = say(sentence, engine)
+            result = transcriber.transcribe(np.concatenate([np.zeros(4000, np.float32), audio]))
+            e, n = word_errors(sentence, result.text)
+            print(f"{engine}: {sentence!r} -> {result.text!r} ({e} errors)")
+            errors, total = errors + e, total + n
+    print(f"WER {errors}/{total} = {errors / total:.1%} (whisper-base int8, Piper joe + flite kal16)")
+    assert errors / total <= 0.05
+
+
+@pytest.mark.parametrize("kind", ["silence", "white noise", "hum"])
+def test_no_transcript_from_silence_or_noise(transcriber, kind):
+    rng = np.random.default_rng(7)
+    t = np.arange(48000) / 16000
+    audio = {"silence": np.zeros(48000), "white noise": rng.normal(0, 0.05, 48000),
+             "hum": 0.1 * np.sin(2 * np.pi * 100 * t) + rng.normal(0, 0.005, 48000)}[kind].astype(np.float32)
+    result = transcriber.transcribe(audio)
+    print(kind, result.segments, result.dropped)
+    assert result.text == ""
+
+
+def test_short_context_falls_back_on_a_loop(transcriber, say):
+    audio, _ = say("Tell me a fun fact about cats.", "flite")
+    config = ASRConfig(context_pad_s=0.5)  # too little pad invites loops; any loop must be caught
+    before = transcriber.config
+    transcriber.config = config
+    try:
+        text = transcriber.transcribe(audio).text
+    finally:
+        transcriber.config = before
+    assert len(text.split()) <= 10
+
+
+@pytest.mark.parametrize("segment, reason", [
+    (Segment("Thank you.", 0.5, -0.3, 1.0), "phantom phrase"),
+    (Segment("Thank you.", 0.01, -0.2, 1.0), None),  # said clearly: a user may well say it
+    (Segment("I'm going to put the oil in the pan.", 0.75, -1.4, 0.9), "no speech"),
+    (Segment("la la la la la la la la la la la la", 0.1, -0.4, 3.0), "repetition"),
+    (Segment("mumble", 0.1, -1.8, 1.0), "low log-probability"),
+    (Segment("What is the capital of France?", 0.01, -0.05, 0.8), None),
+])
+def test_guard_rules(segment, reason):
+    found = drop_reason(segment, ASRConfig())
+    assert (found is None) if reason is None else (found == reason)

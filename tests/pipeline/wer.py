@@ -1,0 +1,27 @@
+"""Word error rate: (substitutions + deletions + insertions) / reference words, on normalized text."""
+from __future__ import annotations
+
+from pipeline.asr_guard import normalize
+
+NUMBERS = {"one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6", "seven": "7",
+           "eight": "8", "nine": "9", "ten": "10", "twelve": "12", "twenty": "20"}
+
+
+def words(text: str) -> list[str]:
+    return [NUMBERS.get(w, w) for w in normalize(text.replace("-", " ")).split()]
+
+
+def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
+    """(edit distance in words, number of reference words)."""
+    ref, hyp = words(reference), words(hypothesis)
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
+    return row[-1], len(ref)
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    errors, total = word_errors(reference, hypothesis)
+    return errors / max(1, total)
