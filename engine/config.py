@@ -11,11 +11,11 @@ QUANTS = ("none", "int8")
 class EngineConfig:
     """How the engine runs. Errors read ``"field: message"`` so the app's config loader can key them.
 
-    The default (bfloat16 activations, int8 weights) is the fast one whose quality was measured to
-    hold (docs/engine.md); ``dtype="float32", quant="none"`` is the exact reference mode.
+    The default (int8 weights, fp32 activations) is the fast mode whose quality was measured to hold
+    (docs/engine.md); ``quant="none"`` is the exact reference mode.
     """
 
-    dtype: str = "bfloat16"  # activations and KV cache: "float32" | "bfloat16"
+    dtype: str = "float32"  # activations and KV cache: "float32" | "bfloat16"
     quant: str = "int8"  # weights: "none" | "int8" (weight-only, per-output-channel scales)
     max_batch_size: int = 8  # sequences decoded together in one step
     num_slots: int = 8  # KV-cache slots (running sequences + idle conversations kept warm)

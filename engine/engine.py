@@ -55,6 +55,7 @@ class _Request:
     stream: TokenStream
     detokenizer: IncrementalDetokenizer
     stop_filter: StopStringFilter
+    ignore_eos: bool = False  # benchmarks: always generate max_tokens
 
 
 class LLMEngine:
@@ -110,8 +111,10 @@ class LLMEngine:
         ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
-    def submit(self, prompt: Prompt, sampling: SamplingParams | None = None, session: str | None = None) -> TokenStream:
-        """Queue a request; returns its stream at once. ``session`` keeps the KV cache between turns."""
+    def submit(self, prompt: Prompt, sampling: SamplingParams | None = None, session: str | None = None, *,
+               ignore_eos: bool = False) -> TokenStream:
+        """Queue a request; returns its stream at once. ``session`` keeps the KV cache between turns;
+        ``ignore_eos`` (benchmarks) generates ``max_tokens`` whatever the model says."""
         sampling = sampling or SamplingParams()
         ids = self.encode(prompt)
         if not ids:
@@ -121,7 +124,8 @@ class LLMEngine:
         seq = Sequence(self._ids.next(), ids, sampling, session)
         stream = TokenStream(seq.id, self.cancel)
         stream.prompt_tokens = len(ids)
-        self._requests[seq.id] = _Request(stream, IncrementalDetokenizer(self.tokenizer, ids), StopStringFilter(sampling.stop))
+        self._requests[seq.id] = _Request(stream, IncrementalDetokenizer(self.tokenizer, ids),
+                                          StopStringFilter(sampling.stop), ignore_eos)
         with self._lock:
             if self._closed:
                 raise RuntimeError("engine is closed")
@@ -205,8 +209,9 @@ class LLMEngine:
         if seq.first_token_s is None:
             seq.first_token_s = time.perf_counter()
             request.stream.ttft_s = seq.ttft_s
+            request.stream.first_token_at = seq.first_token_s
             request.stream.cached_tokens = seq.num_reused
-        if token in self.eos_ids:
+        if token in self.eos_ids and not request.ignore_eos:
             return self._finish(seq, "stop")
         seq.output_ids.append(token)
         text, hit_stop = request.stop_filter.feed(request.detokenizer.add(token))

@@ -42,6 +42,9 @@ class KVCache:
         self.max_seq_len = max_seq_len
         self.tensors = KVCacheTensors(args.num_layers, num_slots, args.num_kv_heads, max_seq_len, args.head_dim, dtype)
         self.slots = [Slot(i) for i in range(num_slots)]
+        # Leading positions of each slot that hold finite values (written or zeroed). The storage
+        # starts uninitialized (see KVCacheTensors) and may hold NaN bit patterns.
+        self._initialized = [0] * num_slots
         self._by_session: dict[str, Slot] = {}
         self._clock = itertools.count(1)
 
@@ -75,6 +78,21 @@ class KVCache:
             return unowned[0]
         idle = [s for s in self.slots if not s.is_busy]
         return min(idle, key=lambda s: s.last_used) if idle else None
+
+    def note_written(self, index: int, end: int) -> None:
+        """Positions [0, end) of slot ``index`` now hold k/v."""
+        self._initialized[index] = max(self._initialized[index], end)
+
+    def prepare_read(self, slots: list[int], positions: list[int], kv_len: int) -> None:
+        """A batched decode reads positions [0, kv_len) of every slot, masked beyond each one's own
+        position. Masked keys get zero weight, but 0 * NaN is NaN, so never-written memory in that
+        range is zeroed first (once; later occupants leave finite stale values, which is fine)."""
+        for index, position in zip(slots, positions):
+            start = max(self._initialized[index], position + 1)
+            if start < kv_len:
+                self.tensors.k[:, index, :, start:kv_len].zero_()
+                self.tensors.v[:, index, :, start:kv_len].zero_()
+                self._initialized[index] = kv_len
 
     def release(self, index: int, cached_tokens: list[int]) -> None:
         """The sequence in slot ``index`` ended; ``cached_tokens`` are the ids whose k/v it wrote.

@@ -67,14 +67,16 @@ class KVCacheTensors(nn.Module):
     """The cache storage: k and v [num_layers, num_slots, Hkv, max_seq_len, d], written in place.
 
     Slot bookkeeping (who owns which slot, what tokens it holds) lives in ``engine.kv_cache``.
+    ``torch.empty``: a fresh large allocation is untouched memory, so only the positions slots
+    actually reach become resident (``KVCache.prepare_read`` zeroes what a batch reads unwritten).
     """
 
     def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, max_seq_len: int, head_dim: int,
                  dtype: torch.dtype):
         super().__init__()
         shape = (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype), persistent=False)
+        self.register_buffer("k", torch.empty(shape, dtype=dtype), persistent=False)
+        self.register_buffer("v", torch.empty(shape, dtype=dtype), persistent=False)
 
 
 def rope_tables(inv_freq: Tensor, max_seq_len: int, attention_factor: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:

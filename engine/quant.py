@@ -1,11 +1,12 @@
 """Weight-only INT8, swapped into a loaded model from outside it (gpt-fast's shape).
 
 Every linear layer and the LM head keep an int8 weight [N, K] and one scale per output channel
-(symmetric, scale = max|w_row| / 127); activations stay bf16. The matmul is
-``torch.ops.aten._weight_int8pack_mm`` (int8 weights, bf16 activations, per-channel scales), which
-measured fastest here among the candidates (docs/engine.md): it reads a quarter of fp32's bytes and
-at batch 1 decode is bound by exactly those reads. A tied embedding shares the head's int8 table and
-scales (one row scale = one output-channel scale), so the largest tensor is stored once, in int8.
+(symmetric, scale = max|w_row| / 127). The matmul is ``torch.ops.aten._weight_int8pack_mm`` (int8
+weights, bf16 activations and scales, bf16 out), measured fastest here among the candidates
+(docs/engine.md); only the matmul input is cast to bf16, the model's own activations (residual
+stream, norms, attention, KV cache) stay in the configured dtype: with fp32 there, greedy agreement
+with the fp32 model measured 0.95-0.96, with bf16 everywhere only 0.93. A tied embedding shares the
+head's int8 table and scales (row scale = output-channel scale): the largest tensor is stored once.
 
 Not ``torch.ao.quantization.quantize_dynamic``: its per-tensor *activation* quantization changes
 SmolLM2's first generated token (top-1 agreement with fp32 0.50-0.62, measured).
@@ -20,11 +21,18 @@ from engine.model import Transformer
 
 
 def quantize_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """weight [N, K] float -> (int8 [N, K], scales [N] float32), symmetric per output row."""
+    """weight [N, K] float -> (int8 [N, K], scales [N] bf16), symmetric per output row.
+
+    The kernel multiplies by bf16 scales, so the scale is rounded to bf16 (upwards, so no weight
+    overflows 127) *before* quantizing: the int8 values are then exact for the scale actually used.
+    """
     w = weight.float()
-    scales = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
-    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
-    return q.contiguous(), scales
+    scales = (w.abs().amax(dim=1).clamp(min=1e-8) / 127.0)
+    rounded = scales.to(torch.bfloat16)
+    too_small = rounded.float() < scales
+    rounded[too_small] = torch.nextafter(rounded[too_small], torch.full_like(rounded[too_small], float("inf")))
+    q = torch.round(w / rounded.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    return q.contiguous(), rounded
 
 
 class Int8Linear(nn.Module):
@@ -34,7 +42,7 @@ class Int8Linear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight_int8.shape
         self.register_buffer("weight", weight_int8)  # [N, K] int8
-        self.register_buffer("scales", scales.to(torch.bfloat16))  # [N]; the kernel wants x's dtype
+        self.register_buffer("scales", scales.to(torch.bfloat16))  # [N]; the kernel wants bf16 like x
         self.register_buffer("bias", None if bias is None else bias.to(torch.bfloat16))
 
     @classmethod
@@ -51,6 +59,27 @@ class Int8Linear(nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features).to(dtype)
+
+
+class Int8Head(Int8Linear):
+    """The LM head: int8 logits for the whole vocabulary, then the top ``refine_top_k`` recomputed
+    exactly (fp32 activations times the same int8 weights).
+
+    Why: the kernel returns bf16, and a logit near 20 in bf16 is only good to +-0.06, enough to swap
+    two near-tied candidates. Measured on SmolLM2: the int8 head alone agreed with fp32's greedy
+    token 0.959 of the time (the first answer token wrong on 1 of 5 prompts); refined, 0.985 and 5/5.
+    The refinement costs a top-k and a [k, D] product per row.
+    """
+
+    refine_top_k = 16
+
+    def forward(self, x: Tensor) -> Tensor:
+        logits = super().forward(x).float()  # [..., V]
+        flat, rows = logits.view(-1, self.out_features), x.reshape(-1, self.in_features).float()  # [M, V], [M, D]
+        top = flat.topk(self.refine_top_k, dim=-1).indices  # [M, k]
+        weights = self.weight[top].float() * self.scales[top].float().unsqueeze(-1)  # [M, k, D]
+        flat.scatter_(1, top, torch.einsum("mkd,md->mk", weights, rows))
+        return logits
 
 
 class Int8Embedding(nn.Module):
@@ -75,7 +104,7 @@ def quantize_int8(model: Transformer) -> Transformer:
         block.attn.o_proj = Int8Linear.from_linear(block.attn.o_proj)
         block.mlp.gate_up = Int8Linear.from_linear(block.mlp.gate_up)
         block.mlp.down_proj = Int8Linear.from_linear(block.mlp.down_proj)
-    head = Int8Linear.from_linear(model.lm_head)
+    head = Int8Head.from_linear(model.lm_head)
     if model.args.tie_embeddings:
         model.embed = Int8Embedding(head, dtype)
     model.lm_head = head

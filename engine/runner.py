@@ -37,6 +37,7 @@ class ModelRunner:
                                read_rows=slice(slot, slot + 1), kv_len=L,
                                mask=mask.repeat(self.group, 1)[None, None])  # [1, 1, R*T, L]
         hidden = self.model(torch.tensor([token_ids]), positions, self.kv_cache.tensors, batch)
+        self.kv_cache.note_written(slot, L)
         return self.model.logits(hidden[0, -1]) if want_logits else None
 
     @torch.inference_mode()
@@ -53,6 +54,9 @@ class ModelRunner:
             mask = None  # every sequence attends all L keys
         else:
             mask = (torch.arange(L).unsqueeze(0) <= pos)[:, None, None, :]  # [B, 1, 1, L]
+            self.kv_cache.prepare_read(slots, positions, L)
         batch = AttentionBatch(slots=torch.tensor(slots), positions=pos, read_rows=rows, kv_len=L, mask=mask)
         hidden = self._decode_forward(torch.tensor(token_ids).unsqueeze(1), pos, self.kv_cache.tensors, batch)
+        for slot, position in zip(slots, positions):
+            self.kv_cache.note_written(slot, position + 1)
         return self.model.logits(hidden[:, 0])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import time
 from typing import AsyncIterator, Callable, Iterator
 
 _END = object()
@@ -24,6 +25,8 @@ class TokenStream:
         self.prompt_tokens = 0
         self.cached_tokens = 0  # prompt tokens found in the session's slot (not recomputed)
         self.ttft_s: float | None = None
+        self.first_token_at: float | None = None  # perf_counter() stamps, for throughput figures
+        self.finished_at: float | None = None
         self.error: BaseException | None = None
 
     # -- engine side --
@@ -32,6 +35,7 @@ class TokenStream:
 
     def close(self, reason: str, error: BaseException | None = None) -> None:
         self.finish_reason, self.error = reason, error
+        self.finished_at = time.perf_counter()
         self._queue.put(_END)
 
     # -- consumer side --

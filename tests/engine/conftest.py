@@ -32,8 +32,9 @@ def fp32_engine(smollm2_dir) -> LLMEngine:
 
 @pytest.fixture(scope="session")
 def int8_engine(smollm2_dir) -> LLMEngine:
-    """The default mode (bf16 activations, int8 weights), stepped by the test."""
-    engine = LLMEngine(smollm2_dir, EngineConfig(max_seq_len=512, admission_window_ms=0), background=False)
+    """The default mode (int8 weights, fp32 activations), stepped by the test."""
+    engine = LLMEngine(smollm2_dir, EngineConfig(dtype="float32", quant="int8", max_seq_len=512,
+                                                 admission_window_ms=0), background=False)
     yield engine
     engine.close()
 

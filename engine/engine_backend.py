@@ -1,0 +1,70 @@
+"""``EngineBackend``: our engine behind the ``LLMBackend`` protocol the voice pipeline consumes."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import AsyncIterator, Iterator
+
+from engine.backend import Message
+from engine.config import EngineConfig
+from engine.engine import EngineStats, LLMEngine
+from engine.sampling import SamplingParams
+from engine.stream import TokenStream
+
+
+class EngineGeneration:
+    """One streaming answer: iterate (or ``async for``) for text deltas; ``cancel()`` from any thread
+    ends it at the next engine step and frees its slot (a session keeps what was cached)."""
+
+    def __init__(self, stream: TokenStream):
+        self.stream = stream
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.stream)
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self.stream.__aiter__()
+
+    def cancel(self) -> None:
+        self.stream.cancel()
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.stream.finish_reason
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.stream.ttft_s
+
+
+class EngineBackend:
+    """The default LLM backend: ``LLMEngine`` on a local model directory, running on its own thread.
+
+    ``session`` (e.g. the conversation id) keeps the conversation's KV-cache slot between turns, so
+    a new turn prefills only the tokens after the longest common prefix with the previous turn.
+    """
+
+    name = "engine"
+
+    def __init__(self, model_dir: str | Path, config: EngineConfig | None = None):
+        self.config = config or EngineConfig()
+        self.engine = LLMEngine(model_dir, self.config, background=True)
+
+    def generate(self, messages: list[Message], sampling: SamplingParams, session: str | None = None) -> EngineGeneration:
+        return EngineGeneration(self.engine.submit(messages, sampling, session=session))
+
+    def count_tokens(self, messages: list[Message]) -> int:
+        return len(self.engine.encode(messages))
+
+    @property
+    def context_length(self) -> int:
+        return self.engine.max_seq_len
+
+    def end_session(self, session: str) -> None:
+        """The conversation is over: its slot may go to someone else now."""
+        self.engine.drop_session(session)
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def close(self) -> None:
+        self.engine.close()

@@ -1,0 +1,81 @@
+"""Quantization quality on a fixed prompt set: greedy top-1 agreement and next-token KL vs fp32.
+
+The fp32 model writes a greedy continuation of each prompt; then both models read the same
+prompt + continuation (teacher forcing) and we compare their next-token distributions at every
+generated position: top-1 agreement (the fraction of positions where both pick the same greedy
+token) and mean KL(p_fp32 || p_test). ``first_token_same`` says whether the very first answer token
+matches, which is where ``quantize_dynamic`` already fails on SmolLM2.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.model import Transformer
+
+QUALITY_PROMPTS = (
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain why the sky is blue in two sentences.",
+    "Give me three tips for sleeping better.",
+    "What should I cook tonight with eggs and spinach?",
+)
+
+
+@dataclass
+class QualityReport:
+    """Agreement of a model with the fp32 reference over ``num_positions`` generated positions."""
+
+    top1_agreement: float
+    mean_kl: float
+    first_token_same: float  # fraction of prompts whose first answer token matches
+    num_positions: int
+
+
+@torch.inference_mode()
+def greedy_continuation(model: Transformer, ids: list[int], num_tokens: int, stop_ids: set[int]) -> list[int]:
+    """Greedy tokens of ``model`` after ``ids``, through a private one-slot KV cache."""
+    from engine.kv_cache import KVCache
+    from engine.runner import ModelRunner
+
+    cache = KVCache(model.args, 1, len(ids) + num_tokens + 1, model.norm.weight.dtype)
+    runner = ModelRunner(model, cache)
+    logits = runner.prefill(0, ids, 0)
+    out: list[int] = []
+    for _ in range(num_tokens):
+        token = int(logits.argmax())
+        if token in stop_ids:
+            break
+        out.append(token)
+        logits = runner.decode([0], [token], [len(ids) + len(out) - 1])[0]
+    return out
+
+
+@torch.inference_mode()
+def next_token_logprobs(model: Transformer, ids: list[int], first: int) -> torch.Tensor:
+    """log-softmax of the model's next-token logits at positions first-1 .. len(ids)-1 -> [n, V]."""
+    tokens = torch.tensor([ids])
+    hidden = model(tokens, torch.arange(len(ids))[None])[0, first - 1:]
+    return model.logits(hidden).log_softmax(-1)
+
+
+def compare(reference: Transformer, candidate, encoded_prompts: list[list[int]], num_tokens: int,
+            stop_ids: set[int]) -> QualityReport:
+    """``candidate`` is a Transformer or a callable(ids) -> logits [T, V] (e.g. a transformers model)."""
+    agree = kl_sum = first_same = positions = 0.0
+    for prompt in encoded_prompts:
+        continuation = greedy_continuation(reference, prompt, num_tokens, stop_ids)
+        ids = prompt + continuation
+        ref = next_token_logprobs(reference, ids, len(prompt))  # [n+1, V]
+        if isinstance(candidate, Transformer):
+            test = next_token_logprobs(candidate, ids, len(prompt))
+        else:
+            with torch.inference_mode():
+                test = candidate(ids)[len(prompt) - 1:].float().log_softmax(-1)
+        same = ref.argmax(-1) == test.argmax(-1)
+        agree += same.sum().item()
+        first_same += float(same[0])
+        kl_sum += (ref.exp() * (ref - test)).sum(-1).sum().item()
+        positions += ref.shape[0]
+    return QualityReport(agree / positions, kl_sum / positions, first_same / len(encoded_prompts), int(positions))
