@@ -37,7 +37,7 @@ class DeviceInfo:
     is_default_output: bool = False
 
 
-InputCallback = Callable[[np.ndarray], None]  # mono int16 block at the stream's rate
+InputCallback = Callable[[np.ndarray, int], None]  # (mono int16 block, the stream's rate in Hz)
 OutputSource = Callable[[int], np.ndarray]  # "give me n mono int16 samples" (zeros when idle)
 
 
@@ -133,7 +133,7 @@ class SoundDevices:
         rate = self._negotiate(index, rate_hz, "input")
 
         def callback(indata, frames, time_info, status):
-            on_block(indata[:, 0].copy())
+            on_block(indata[:, 0].copy(), rate)
 
         stream = self.sd.InputStream(device=index, samplerate=rate, channels=1, dtype="int16",
                                      blocksize=rate * block_ms // 1000, callback=callback)
@@ -223,7 +223,7 @@ class FileDevices:
                 except queue.Empty:
                     pass
             position[0] = start + block
-            on_block(np.clip(chunk, -32768, 32767).astype(np.int16))
+            on_block(np.clip(chunk, -32768, 32767).astype(np.int16), rate)
             return True
 
         return _ThreadStream(rate, block, tick, self.is_realtime)
