@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", help="--mic: input device (index or name part)")
     p.add_argument("--output", help="--mic: output device (index or name part)")
     p.add_argument("--no-echo-gate", action="store_true", help="--mic: headphones; do not suppress echo")
+    p.add_argument("--turns", type=int, help="--mic: stop after this many answered turns")
     return p
 
 
@@ -183,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.mic:
             from app.client_mic import run_mic
 
-            return asyncio.run(run_mic(url, args))
+            try:
+                return asyncio.run(run_mic(url, args))
+            except KeyboardInterrupt:
+                return 0
         on_message = (lambda m: print(json.dumps(m), flush=True)) if args.json else None
         result = asyncio.run(one_turn(url, wav=args.wav, text=args.text, persona=args.persona, token=args.token,
                                       is_realtime=not args.fast, timeout=args.timeout, on_message=on_message))

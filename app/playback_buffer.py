@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 
-from pipeline.audio import Resampler
+from pipeline.audio import resample_once
 
 
 class PlaybackBuffer:
@@ -22,7 +22,6 @@ class PlaybackBuffer:
         self._chunks: collections.deque[tuple[int, np.ndarray, float]] = collections.deque()  # gen, pcm, src/dst ratio
         self._offset = 0
         self._lock = threading.Lock()
-        self._resamplers: dict[int, Resampler] = {}
         self.heard: dict[int, float] = {}  # gen -> samples played, at that turn's source rate
         self.min_gen = 0
         self.is_paused = False
@@ -33,9 +32,10 @@ class PlaybackBuffer:
         """Queue one chunk of turn ``gen`` (dropped if that turn was interrupted)."""
         if gen < self.min_gen:
             return
-        resampler = self._resamplers.setdefault(sample_rate_hz, Resampler(self.rate_hz))
-        audio = resampler(pcm.astype(np.float32) / 32768.0, sample_rate_hz)
-        out = np.clip(audio * 32768.0, -32768, 32767).astype(np.int16)
+        # Each chunk whole, not through a streaming resampler: that would hold back its last
+        # ~25 ms until the next chunk, clipping the end of every reply. TTS chunks start and end
+        # in silence, so there is no seam to smooth.
+        out = resample_once(np.asarray(pcm, np.int16), sample_rate_hz, self.rate_hz)
         with self._lock:
             if gen >= self.min_gen and out.size:
                 self._chunks.append((gen, out, sample_rate_hz / self.rate_hz))

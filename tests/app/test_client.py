@@ -1,0 +1,84 @@
+"""``voxlane client`` against a running server (real pipeline): --wav and --text from the command
+line, --mic with the file-backed device double, and a clear failure when no server is there."""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.audio_devices import FileDevices
+from app.client import build_parser
+from app.client_mic import run_mic
+from app.config import AppConfig
+from app.server.app import create_app
+from app.server.pipeline_conversations import PipelineConversations
+from app.server.runner import BackgroundServer, free_port
+from pipeline.wavfile import read_wav
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+BACKEND = os.environ.get("VOXLANE_TEST_BACKEND", "transformers")
+
+
+@pytest.fixture(scope="module")
+def server():
+    factory = PipelineConversations(AppConfig(), BACKEND)
+    factory.warm_up()
+    with BackgroundServer(create_app(AppConfig(), factory, with_ui=False)) as running:
+        yield running
+    factory.close()
+
+
+@pytest.fixture(scope="module")
+def question_wav(tmp_path_factory):
+    if not shutil.which("espeak-ng") or not shutil.which("sox"):
+        pytest.skip("espeak-ng and sox are needed to make the spoken question")
+    folder = tmp_path_factory.mktemp("client")
+    raw, wav = folder / "raw.wav", folder / "question.wav"
+    subprocess.run(["espeak-ng", "-s", "150", "-w", str(raw), "What is the capital of France?"], check=True)
+    subprocess.run(["sox", str(raw), "-r", "44100", "-c", "2", str(wav)], check=True)  # stereo 44.1 kHz: any input works
+    return wav
+
+
+def _client(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "app", "client", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_client_wav_prints_the_turn_and_writes_the_reply(server, question_wav, tmp_path):
+    out = tmp_path / "reply.wav"
+    done = _client("--url", server.ws_url, "--wav", str(question_wav), "--out", str(out))
+    print(done.stdout, done.stderr)
+    assert done.returncode == 0, done.stderr
+    assert "you> " in done.stdout and "france" in done.stdout.lower()
+    assert "waterfall (ms from speech_end)" in done.stderr and "first reply audio at this client" in done.stderr
+    pcm, rate, channels = read_wav(out)
+    assert rate == 22050 and channels == 1 and np.abs(pcm.astype(np.int32)).max() > 1000
+
+
+def test_client_text_with_a_persona(server):
+    done = _client("--url", server.ws_url, "--text", "Say hello.", "--persona", "pirate")
+    assert done.returncode == 0, done.stderr
+    assert "you> Say hello." in done.stdout
+    reply = done.stdout.split("pirate> ", 1)[1]
+    assert reply.strip()
+
+
+def test_client_mic_with_the_device_double(server, question_wav):
+    devices = FileDevices(question_wav, device_rate_hz=48000, tail_s=3.0)
+    args = build_parser().parse_args(["--mic", "--turns", "1"])
+    assert asyncio.run(run_mic(server.ws_url, args, devices=devices)) == 0
+    assert np.abs(devices.played_audio().astype(np.int32)).max() > 1000
+
+
+def test_client_without_a_server_says_so():
+    done = _client("--url", f"ws://127.0.0.1:{free_port()}/ws", "--text", "hello", "--timeout", "10")
+    assert done.returncode == 1
+    assert "cannot talk to" in done.stderr and "Traceback" not in done.stderr
