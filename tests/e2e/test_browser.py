@@ -18,6 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = ROOT / "artifacts"
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
@@ -77,48 +78,61 @@ def server(tmp_path_factory):
         print(f"server log: {log_path}")
 
 
-def test_browser_talks_hands_free(server, question_wav):
+@pytest.fixture(scope="module")
+def browser(question_wav):
+    """One headless Chromium for the module; its fake microphone loops the question file."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
-    artifacts = ROOT / "artifacts"
-    artifacts.mkdir(exist_ok=True)
-    profile = artifacts / "chromium-profile"
+    ARTIFACTS.mkdir(exist_ok=True)
+    profile = ARTIFACTS / "chromium-profile"
     shutil.rmtree(profile, ignore_errors=True)
     args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
             "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
             f"--use-file-for-fake-audio-capture={question_wav}", "--autoplay-policy=no-user-gesture-required"]
-    console: list[str] = []
-    external: list[str] = []
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM, headless=True,
                                                         args=args, viewport={"width": 1200, "height": 900})
         try:
-            page = context.new_page()
-            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
-            # The page must work offline: note any request that leaves this machine.
-            page.on("request", lambda r: external.append(r.url)
-                    if not r.url.startswith((server, "data:", "blob:", "ws://127.0.0.1")) else None)
-            page.goto(server + "/", wait_until="load", timeout=120_000)
-            page.wait_for_selector("#vx-hands", timeout=120_000)
-            page.click("#vx-hands")
-            page.wait_for_function("window.voxlaneStats && window.voxlaneStats.connected", timeout=120_000)
-            # Transcript, reply, and reply audio that actually reached the page's audio output.
-            page.wait_for_function("window.voxlaneStats.lastTranscript", timeout=180_000)
-            page.wait_for_function("window.voxlaneStats.lastReply && window.voxlaneStats.nonSilentSamples > 4800",
-                                   timeout=180_000)
-            page.wait_for_function("Object.keys(window.voxlaneStats.firstSoundMs).length > 0", timeout=180_000)
-            page.wait_for_function("window.voxlaneStats.turns.length > 0", timeout=180_000)
-            stats = page.evaluate("window.voxlaneStats")
-            user_text = page.inner_text("#vx-chat .vx-user:not(.vx-empty)")
-            reply_text = page.inner_text("#vx-chat .vx-assistant")
-            shot = artifacts / "browser-e2e.png"
-            page.screenshot(path=str(shot), full_page=True)
-            print(f"\nscreenshot: {shot}")
+            yield context
         finally:
             context.close()
+
+
+def _open_page(browser, server: str, console: list[str], external: list[str]):
+    page = browser.new_page()
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    # The page must work offline: note any request that leaves this machine.
+    page.on("request", lambda r: external.append(r.url)
+            if not r.url.startswith((server, "data:", "blob:", "ws://127.0.0.1")) else None)
+    page.goto(server + "/", wait_until="load", timeout=120_000)
+    page.wait_for_selector("#vx-hands", timeout=120_000)
+    return page
+
+
+def test_browser_talks_hands_free(server, browser):
+    console: list[str] = []
+    external: list[str] = []
+    page = _open_page(browser, server, console, external)
+    try:
+        page.click("#vx-hands")
+        page.wait_for_function("window.voxlaneStats && window.voxlaneStats.connected", timeout=120_000)
+        # Transcript, reply, and reply audio that actually reached the page's audio output.
+        page.wait_for_function("window.voxlaneStats.lastTranscript", timeout=180_000)
+        page.wait_for_function("window.voxlaneStats.lastReply && window.voxlaneStats.nonSilentSamples > 4800",
+                               timeout=180_000)
+        page.wait_for_function("Object.keys(window.voxlaneStats.firstSoundMs).length > 0", timeout=180_000)
+        page.wait_for_function("window.voxlaneStats.turns.length > 0", timeout=180_000)
+        stats = page.evaluate("window.voxlaneStats")
+        user_text = page.inner_text("#vx-chat .vx-user:not(.vx-empty)")
+        reply_text = page.inner_text("#vx-chat .vx-assistant")
+        shot = ARTIFACTS / "browser-e2e.png"
+        page.screenshot(path=str(shot), full_page=True)
+        print(f"\nscreenshot: {shot}")
+    finally:
+        page.close()
     print(f"transcript: {stats['lastTranscript']!r}\nreply: {stats['lastReply']!r}")
     print(f"played samples: {stats['playedSamples']}, non-silent: {stats['nonSilentSamples']}, peak: {stats['peak']:.3f}")
     for turn in stats["turns"]:
@@ -129,3 +143,32 @@ def test_browser_talks_hands_free(server, question_wav):
     assert stats["peak"] > 0.01
     assert not stats["errors"], stats["errors"]
     assert not external, f"the page fetched from outside: {external[:5]}"
+
+
+def test_browser_barge_in_stops_the_reply(server, browser):
+    """A typed question with a long answer; while it speaks, the user presses "Hold to talk":
+    the reply's audio stops at once and the reply is marked interrupted."""
+    console: list[str] = []
+    page = _open_page(browser, server, console, [])
+    try:
+        page.fill("#vx-input", "Tell me a long story about a dragon and a brave knight.")
+        page.press("#vx-input", "Enter")
+        page.wait_for_function("window.voxlaneStats.state === 'speaking'", timeout=180_000)
+        gen = page.evaluate("Math.max(...Object.keys(window.voxlaneStats.heard).map(Number))")
+        page.hover("#vx-talk")
+        page.mouse.down()
+        page.wait_for_function("window.voxlaneStats.interruptions.some(i => i.gen > %d)" % gen, timeout=60_000)
+        page.wait_for_function("window.voxlaneWidget.buffered === 0", timeout=60_000)
+        heard_at_stop = page.evaluate(f"window.voxlaneStats.heard[{gen}]")
+        page.wait_for_timeout(1000)  # then nothing more of that turn is played
+        heard_later = page.evaluate(f"window.voxlaneStats.heard[{gen}]")
+        page.mouse.up()
+        interrupted = page.locator("#vx-chat .vx-assistant.vx-interrupted").count()
+        page.screenshot(path=str(ARTIFACTS / "browser-barge-in.png"), full_page=True)
+        errors = page.evaluate("window.voxlaneStats.errors")
+    finally:
+        page.close()
+    print(f"\nturn {gen}: {heard_at_stop:.0f} samples heard when stopped, {heard_later:.0f} one second later")
+    assert heard_later == heard_at_stop
+    assert interrupted >= 1
+    assert not errors, errors

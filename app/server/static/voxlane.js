@@ -8,6 +8,7 @@
   const stats = (window.voxlaneStats = {
     connected: false, state: "idle", ready: null, errors: [], turns: [],
     playedSamples: 0, nonSilentSamples: 0, peak: 0, firstSoundMs: {}, audioChunks: 0,
+    interruptions: [], heard: {},
   });
 
   function el(tag, attrs, text) {
@@ -248,6 +249,7 @@
           this.pendingAudio = m;
           break;
         case "interrupted":
+          stats.interruptions.push({ gen: m.gen, reason: m.reason, wasSpeaking: this.isSpeaking() });
           // An interruption ends any pause: the old turn's audio is dropped, the new turn's plays.
           this.paused = false;
           this.player.port.postMessage({ type: "resume" });
@@ -307,7 +309,8 @@
         if (this.lastTurn && this.lastTurn.gen === m.gen) this.showWaterfall(m.gen, this.lastTurn.waterfall, true);
         return;
       }
-      Object.assign(stats, { playedSamples: m.stats.playedSamples, nonSilentSamples: m.stats.nonSilentSamples, peak: m.stats.peak });
+      Object.assign(stats, { playedSamples: m.stats.playedSamples, nonSilentSamples: m.stats.nonSilentSamples,
+                             peak: m.stats.peak, heard: m.heard });
       this.buffered = m.buffered;
       // Tell the server what the user actually heard: the history keeps only that if they interrupt.
       for (const [gen, samples] of Object.entries(m.heard)) {
