@@ -7,8 +7,14 @@ NUMBERS = {"one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six"
            "eight": "8", "nine": "9", "ten": "10", "twelve": "12", "twenty": "20"}
 
 
+CONTRACTIONS = {"n't": " not", "'re": " are", "'ll": " will", "'ve": " have", "'m": " am", "'d": " would"}
+
+
 def words(text: str) -> list[str]:
-    return [NUMBERS.get(w, w) for w in normalize(text.replace("-", " ")).split()]
+    text = text.lower().replace("’", "'").replace("-", " ")
+    for short, long in CONTRACTIONS.items():
+        text = text.replace(short, long)
+    return [NUMBERS.get(w, w) for w in normalize(text).split()]
 
 
 def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:

@@ -1,0 +1,90 @@
+"""End to end with the packaged models in real time: ``voxlane converse`` on a two-turn
+conversation whose assistant audio transcribes back to what the LLM said, and a barge-in whose
+history holds only what the user heard."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import numpy as np
+import pytest
+
+from pipeline import converse
+from pipeline.audio import resample_once, to_mono_float32
+from pipeline.conversation import ConversationRunner, InputAudio
+from pipeline.persona_store import PersonaStore
+from pipeline.pipeline import Pipeline
+from pipeline.wavfile import read_wav
+from tests.pipeline.wer import wer, words
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_turn_conversation_through_voxlane_converse(say, transcriber, tmp_path, capsys):
+    _, q1 = say("What is the capital of France?")
+    _, q2 = say("Tell me one fun fact about cats.", "flite")  # a second voice, another sample rate
+    out = tmp_path / "answers.wav"
+    code = converse.main([str(q1), str(q2), "-o", str(out), "--json", "--temperature", "0", "--max-tokens", "40"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0
+    turns = data["turns"]
+    assert len(turns) == 2
+    assert wer("What is the capital of France?", turns[0]["user"]) == 0.0
+    assert "cat" in turns[1]["user"].lower()
+    for turn in turns:
+        assert turn["assistant"] and not turn["error"]
+        ms = turn["waterfall"]["ms"]
+        assert list(ms)[:2] == ["speech_start", "speech_end"]
+        for stage in ("asr_final", "llm_first_token", "first_chunk_ready", "first_audio_out", "first_audio_played"):
+            assert stage in ms
+        print(f"turn {turn['gen']}: voice-to-voice {turn['voice_to_voice_ms']} ms; waterfall {ms}")
+    assert [h["user"] for h in data["history"]] == [t["user"] for t in turns]
+    # The assistant's audio, as played, says what the LLM wrote.
+    pcm, rate, _ = read_wav(out)
+    heard = transcriber.transcribe(resample_once(to_mono_float32(pcm), rate, 16000)).text
+    spoken = " ".join(" ".join(t["spoken"]) for t in turns)
+    print(f"spoken: {spoken!r}\nheard:  {heard!r}")
+    assert wer(spoken, heard) <= 0.15
+
+
+def test_barge_in_keeps_only_the_heard_part_and_frees_the_llm(say, transcriber, llm, tts_provider, silero_vad_path):
+    store = PersonaStore()
+    nova = store.get("nova")
+    persona = dataclasses.replace(nova, sampling=dataclasses.replace(nova.sampling, temperature=0.0, max_tokens=40))
+    pipeline = Pipeline(llm=llm, tts=tts_provider, personas=persona, transcriber=transcriber,
+                        vad_model_path=silero_vad_path)
+    _, story = say("Tell me a long story about a brave little dragon.")
+    _, stop = say("Wait, stop. What time is it?")
+    inputs = []
+    for _, path in (None, story), (None, stop):
+        samples, rate, channels = read_wav(path)
+        inputs.append(InputAudio(samples, rate, channels))
+    try:
+        result = ConversationRunner(pipeline).run(inputs, barge_in_at_s=1.5)
+        history = pipeline.history
+    finally:
+        pipeline.close()
+    first, second = result.turns[0], result.turns[-1]  # "Wait, stop." may resume under a new gen
+    print(f"barge-in: playback stopped {result.barge_in_stop_ms} ms of audio after the interrupting speech began")
+    assert result.barge_in_stop_ms and result.barge_in_stop_ms[0] >= 0
+    # History: the first reply is cut where playback stopped, and marked.
+    assert history[0].is_interrupted and history[0].heard is not None
+    heard_words, full_words = history[0].reply.split(), history[0].assistant.split()
+    assert 0 < len(heard_words) < len(full_words)
+    assert full_words[:len(heard_words)] == heard_words
+    # What was played of turn 1 is what the history says was heard (word cut is pro rata).
+    played = result.player.audio(first.gen)
+    played_text = transcriber.transcribe(resample_once(to_mono_float32(played), result.player.sample_rate[first.gen], 16000)).text
+    print(f"history heard: {history[0].reply!r}\nplayed audio:  {played_text!r}")
+    played_words = words(played_text)
+    assert abs(len(played_words) - len(heard_words)) <= 2  # within the word being played at the cut
+    n = min(len(played_words), len(heard_words))
+    assert wer(" ".join(heard_words[:n]), " ".join(played_words[:n])) <= 0.25
+    # The interrupting turn was answered, and the cancelled generation freed the backend.
+    assert second.user and second.assistant
+    for _ in range(100):
+        if not llm.lock.locked():
+            break
+        time.sleep(0.05)
+    assert not llm.lock.locked()
