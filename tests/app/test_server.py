@@ -1,0 +1,55 @@
+"""The one-port app without models: /healthz, the Gradio page with the widget, its static files,
+and ``voxlane serve``'s argument checks."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.config import AppConfig
+from app.server.app import create_app
+from app.server.runner import BackgroundServer
+from tests.app.test_protocol_errors import ScriptedFactory
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with BackgroundServer(create_app(AppConfig(), ScriptedFactory(), with_ui=True)) as running:
+        yield running
+
+
+def test_healthz(server):
+    health = httpx.get(server.url + "/healthz", timeout=30).json()
+    assert health == {"status": "ok", "protocol": 1, "sessions": 0, "max_sessions": 8, "personas": ["nova", "pirate"]}
+
+
+def test_the_page_carries_the_widget_and_loads_nothing_from_outside(server):
+    page = httpx.get(server.url + "/", timeout=30)
+    assert page.status_code == 200
+    config = httpx.get(server.url + "/config", timeout=30).json()  # Gradio's page description
+    text = page.text + str(config)
+    assert "vx-root" in text and "/static/voxlane.js" in text
+    assert "fonts.googleapis.com" not in text  # system fonts only: the page works offline
+
+
+@pytest.mark.parametrize("name", ["voxlane.js", "capture-worklet.js", "playback-worklet.js", "voxlane.css"])
+def test_static_files_are_served(server, name):
+    response = httpx.get(f"{server.url}/static/{name}", timeout=30)
+    assert response.status_code == 200 and len(response.text) > 100
+
+
+def test_serve_refuses_a_bad_port():
+    done = subprocess.run([sys.executable, "-m", "app", "serve", "--port", "70000"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "port" in done.stderr
+
+
+def test_serve_refuses_a_public_host_without_a_token():
+    done = subprocess.run([sys.executable, "-m", "app", "serve", "--host", "0.0.0.0"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "access_token" in done.stderr
