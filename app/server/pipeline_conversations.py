@@ -92,5 +92,10 @@ class _ClosingPipeline(Pipeline):
     def close(self) -> None:
         try:
             super().close()
+            # Our engine keeps a session's KV-cache slot between turns; the conversation is over,
+            # so the slot goes back to the pool (other backends have nothing to free).
+            end_session = getattr(self._factory.llm, "end_session", None)
+            if end_session is not None and self.session:
+                end_session(self.session)
         finally:
             self._factory._closed(self)
