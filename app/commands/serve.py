@@ -12,7 +12,7 @@ from pipeline.schema import SchemaError
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("serve", help="serve the web app, the WebSocket API (/ws) and /healthz on one port")
+    p = sub.add_parser("serve", help="serve the web app, the WebSocket API (/ws), /v1 and /healthz on one port")
     p.add_argument("--host", help="address to listen on (default: the config's server.host, 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default: the config's server.port, 7860)")
     p.add_argument("--backend", choices=LLM_BACKENDS, help="LLM backend (default: the config's llm.backend)")
@@ -41,9 +41,14 @@ def run(args) -> int:
           file=sys.stderr, flush=True)
     factory = PipelineConversations(config, args.backend)
     factory.warm_up()
-    app = create_app(config, factory, with_ui=not args.no_ui)
+    from app.openai_api import openai_router
+
+    # The same loaded LLM also answers OpenAI-compatible clients on /v1 (same port, same token).
+    app = create_app(config, factory, with_ui=not args.no_ui,
+                     routers=(openai_router(factory.llm, config.models.llm),))
     server = config.server
-    print(f"voxlane: serving on http://{server.host}:{server.port}  (WebSocket: ws://{server.host}:{server.port}/ws)",
+    print(f"voxlane: serving on http://{server.host}:{server.port}  (WebSocket: ws://{server.host}:{server.port}/ws, "
+          f"OpenAI-compatible: http://{server.host}:{server.port}/v1)",
           file=sys.stderr, flush=True)
     try:
         # Oversized messages within 4x the limit get a JSON error with a code from the handler;

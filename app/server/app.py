@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import FastAPI, WebSocket
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, WebSocket
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from app.config import AppConfig
 from app.server import protocol
+from app.server.access import is_token_valid
 from app.server.conversation import ConversationFactory
 from app.server.registry import SessionRegistry
 from app.server.ws import SocketHandler
@@ -17,8 +18,10 @@ from app.server.ws import SocketHandler
 STATIC_DIR = Path(__file__).parent / "static"
 
 
-def create_app(config: AppConfig, factory: ConversationFactory, with_ui: bool = True) -> FastAPI:
-    """Routes declared before the Gradio mount win, so Gradio (at ``/``) never shadows them."""
+def create_app(config: AppConfig, factory: ConversationFactory, with_ui: bool = True,
+               routers: tuple[APIRouter, ...] = ()) -> FastAPI:
+    """Routes declared before the Gradio mount win, so Gradio (at ``/``) never shadows them.
+    ``routers`` (e.g. the OpenAI-compatible ``/v1``) need the access token when one is set."""
     app = FastAPI(title="Voxlane", docs_url=None, redoc_url=None, openapi_url=None)
     registry = SessionRegistry(config.server.max_sessions)
     app.state.registry = registry
@@ -34,6 +37,13 @@ def create_app(config: AppConfig, factory: ConversationFactory, with_ui: bool = 
     async def websocket(ws: WebSocket) -> None:
         await SocketHandler(ws, config.server, factory, registry).run()
 
+    def require_token(request: Request) -> None:
+        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if not is_token_valid(given, config.server):
+            raise HTTPException(status_code=401, detail="a valid access token is required (Authorization: Bearer)")
+
+    for router in routers:
+        app.include_router(router, dependencies=[Depends(require_token)])
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     if with_ui:
         import gradio as gr

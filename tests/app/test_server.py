@@ -53,3 +53,17 @@ def test_serve_refuses_a_public_host_without_a_token():
     done = subprocess.run([sys.executable, "-m", "app", "serve", "--host", "0.0.0.0"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "access_token" in done.stderr
+
+
+def test_extra_routes_need_the_access_token_when_one_is_set():
+    from fastapi import APIRouter
+
+    from app.config import ServerConfig
+
+    router = APIRouter(prefix="/v1")
+    router.get("/models")(lambda: {"data": []})
+    config = AppConfig(server=ServerConfig(access_token="s3cret"))
+    with BackgroundServer(create_app(config, ScriptedFactory(), with_ui=False, routers=(router,))) as running:
+        assert httpx.get(running.url + "/v1/models", timeout=30).status_code == 401
+        authorized = httpx.get(running.url + "/v1/models", headers={"Authorization": "Bearer s3cret"}, timeout=30)
+        assert authorized.status_code == 200 and authorized.json() == {"data": []}
