@@ -1,0 +1,32 @@
+"""The benchmark's quality section: our INT8 and transformers' ``quantize_dynamic`` against fp32."""
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict
+
+import torch
+
+from engine.loader import load_model, load_tokenizer
+from engine.quality import QUALITY_PROMPTS, compare
+from engine.quant import quantize_int8
+
+
+def quality_report(model_dir, num_prompts: int = 5, num_tokens: int = 48) -> dict:
+    """{"engine int8": QualityReport dict, "quantize_dynamic int8": ...} on the fixed prompt set."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(model_dir)
+    prompts = [list(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                  tokenize=True)["input_ids"]) for p in QUALITY_PROMPTS[:num_prompts]]
+    stop = {tokenizer.eos_token_id}
+    reference = load_model(model_dir, torch.float32)
+    ours = quantize_int8(load_model(model_dir, torch.float32))
+    report = {"engine int8": asdict(compare(reference, ours, prompts, num_tokens, stop))}
+    del ours
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dynamic = torch.ao.quantization.quantize_dynamic(hf, {torch.nn.Linear}, dtype=torch.qint8)
+    report["quantize_dynamic int8"] = asdict(compare(reference, lambda ids: dynamic(torch.tensor([ids])).logits[0],
+                                                     prompts, num_tokens, stop))
+    return report

@@ -1,0 +1,52 @@
+"""``EngineBackend`` as the voice pipeline sees it (the LLMBackend protocol)."""
+from __future__ import annotations
+
+import pytest
+
+from engine.backend import Generation, LLMBackend
+from engine.config import EngineConfig
+from engine.engine_backend import EngineBackend
+from engine.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def backend(smollm2_dir):
+    backend = EngineBackend(smollm2_dir, EngineConfig(max_seq_len=512, num_slots=4, max_batch_size=4,
+                                                      admission_window_ms=5))
+    yield backend
+    backend.close()
+
+
+def test_protocol_and_conversation_turns(backend):
+    assert isinstance(backend, LLMBackend)
+    history = [{"role": "system", "content": "You are a helpful voice assistant."}]
+    ttfts = []
+    for question in ["Hello!", "What is the capital of France?", "And of Italy?"]:
+        history.append({"role": "user", "content": question})
+        generation = backend.generate(history, SamplingParams(temperature=0, max_tokens=12), session="call-1")
+        assert isinstance(generation, Generation)
+        answer = "".join(generation)
+        assert answer and generation.finish_reason in ("stop", "length")
+        ttfts.append(generation.stream.cached_tokens)
+        history.append({"role": "assistant", "content": answer})
+    assert ttfts[0] == 0 and ttfts[1] > 0 and ttfts[2] > ttfts[1]  # later turns reuse the cache
+    assert backend.count_tokens(history) > 30 and backend.context_length == 512
+    backend.end_session("call-1")
+    assert backend.stats().slots_held == 0
+
+
+def test_cancel_ends_stream_and_frees_slot(backend):
+    import time
+
+    generation = backend.generate([{"role": "user", "content": "Tell me a long story about a dragon."}],
+                                  SamplingParams(temperature=0, max_tokens=300))
+    pieces = []
+    for piece in generation:
+        pieces.append(piece)
+        if len(pieces) == 3:
+            generation.cancel()
+    assert generation.finish_reason == "cancelled" and len(pieces) < 8
+    deadline = time.time() + 10
+    while backend.stats().slots_busy and time.time() < deadline:
+        time.sleep(0.01)
+    assert backend.stats().slots_busy == 0

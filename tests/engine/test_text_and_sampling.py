@@ -1,0 +1,90 @@
+"""UTF-8 safety of deltas, and per-sequence sampling."""
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.sampler import Sampler, apply_repetition_penalty, filter_top_k_top_p
+from engine.sampling import SamplingParams
+
+TRICKY = "Café déjà vu — naïve 東京 🚀🎉 voilà! Ünïcödé ✓ 𝄞 end."
+
+
+def test_deltas_are_whole_characters_and_add_up(fp32_engine):
+    tokenizer = fp32_engine.tokenizer
+    ids = tokenizer.encode(TRICKY, add_special_tokens=False)
+    # the emoji and CJK characters really are split over several byte-level tokens
+    assert any("\ufffd" in tokenizer.decode([i]) for i in ids)
+    detok = IncrementalDetokenizer(tokenizer, [1, 4093, 198])
+    deltas = [detok.add(i) for i in ids]
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == TRICKY
+    for d in deltas:
+        d.encode("utf-8")  # valid text: no lone surrogates
+
+
+def test_engine_stream_of_forced_multibyte_tokens_is_utf8_safe(fp32_engine):
+    """The model is asked to repeat emoji-laden text; whatever it says, every delta is whole text."""
+    engine = fp32_engine
+    stream = engine.submit([{"role": "user", "content": f"Repeat exactly: {TRICKY}"}],
+                           SamplingParams(temperature=0.0, max_tokens=40))
+    engine.run_until_idle()
+    deltas = list(stream)
+    assert deltas and all("\ufffd" not in d for d in deltas)
+    # A generation cut by max_tokens inside a character withholds the incomplete bytes.
+    assert "".join(deltas) == engine.tokenizer.decode(stream.output_ids, skip_special_tokens=True).rstrip("\ufffd")
+
+
+def test_async_iteration(fp32_engine):
+    engine = fp32_engine
+    stream = engine.submit([{"role": "user", "content": "Say hello."}], SamplingParams(temperature=0, max_tokens=5))
+    engine.run_until_idle()
+
+    async def collect():
+        return [d async for d in stream]
+
+    assert "".join(asyncio.run(collect())) == engine.tokenizer.decode(stream.output_ids, skip_special_tokens=True)
+
+
+def test_top_k_and_top_p_filters():
+    logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0])
+    assert torch.isinf(filter_top_k_top_p(logits.clone(), 2, 1.0)[2:]).all()
+    assert not torch.isinf(filter_top_k_top_p(logits.clone(), 2, 1.0)[:2]).any()
+    probs = logits.softmax(-1)  # [0.64, 0.24, 0.09, ...]: top_p 0.8 keeps the first two
+    kept = ~torch.isinf(filter_top_k_top_p(logits.clone(), 0, 0.8))
+    assert kept.tolist() == [True, True, False, False, False] and probs[:2].sum() > 0.8
+
+
+def test_repetition_penalty_follows_hf_rule():
+    logits = torch.tensor([2.0, -2.0, 1.0])
+    out = apply_repetition_penalty(logits.clone(), [0, 1], 2.0)
+    assert out.tolist() == [1.0, -4.0, 1.0]
+
+
+def test_seeded_sampling_is_reproducible_per_sequence_in_a_batch():
+    sampler = Sampler()
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    seeded = SamplingParams(temperature=1.0, top_p=1.0, seed=7)
+    other = SamplingParams(temperature=1.0, top_p=1.0)
+    greedy = SamplingParams(temperature=0.0)
+    alone = [sampler.sample(logits[:1], [seeded], [100], [[]])[0] for _ in range(1)]
+    sampler.forget(100)
+    first_in_batch = sampler.sample(logits, [seeded, other, greedy], [200, 201, 202], [[], [], []])
+    assert first_in_batch[0] == alone[0]
+    assert first_in_batch[2] == int(logits[2].argmax())
+
+
+def test_seeded_generation_reproducible_and_batch_independent(int8_engine):
+    engine = int8_engine
+    prompt = [{"role": "user", "content": "Tell me a short story."}]
+    sampling = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.1, max_tokens=10, seed=123)
+    a = engine.submit(prompt, sampling)
+    engine.run_until_idle()
+    b = engine.submit(prompt, sampling)
+    noise = engine.submit([{"role": "user", "content": "Something else."}], SamplingParams(temperature=1.0, max_tokens=10))
+    engine.run_until_idle()
+    assert a.output_ids == b.output_ids and len(a.output_ids) == 10
+    assert noise.finish_reason in ("length", "stop")
