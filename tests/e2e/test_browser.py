@@ -146,11 +146,12 @@ def test_browser_talks_hands_free(server, browser):
 
 
 def test_browser_barge_in_stops_the_reply(server, browser):
-    """A typed question with a long answer; while it speaks, the user presses "Hold to talk":
-    the reply's audio stops at once and the reply is marked interrupted."""
+    """As the pirate, a typed question with a long answer; while it speaks, the user presses
+    "Hold to talk": the reply's audio stops at once and the reply is marked interrupted."""
     console: list[str] = []
     page = _open_page(browser, server, console, [])
     try:
+        page.select_option("#vx-persona", "pirate")
         page.fill("#vx-input", "Tell me a long story about a dragon and a brave knight.")
         page.press("#vx-input", "Enter")
         page.wait_for_function("window.voxlaneStats.state === 'speaking'", timeout=180_000)
@@ -166,9 +167,11 @@ def test_browser_barge_in_stops_the_reply(server, browser):
         interrupted = page.locator("#vx-chat .vx-assistant.vx-interrupted").count()
         page.screenshot(path=str(ARTIFACTS / "browser-barge-in.png"), full_page=True)
         errors = page.evaluate("window.voxlaneStats.errors")
+        persona = page.evaluate("window.voxlaneStats.ready.persona")
     finally:
         page.close()
     print(f"\nturn {gen}: {heard_at_stop:.0f} samples heard when stopped, {heard_later:.0f} one second later")
+    assert persona == "pirate"
     assert heard_later == heard_at_stop
     assert interrupted >= 1
     assert not errors, errors
