@@ -168,9 +168,10 @@ class ConversationRunner:
         return self._push_times[0][1] if self._push_times else 0.0
 
     def run(self, inputs: list[InputAudio], barge_in_at_s: float | None = None,
-            lead_in_s: float = 0.3) -> ConversationResult:
+            lead_in_s: float = 0.3, is_last_played: bool = True) -> ConversationResult:
         """Each input is a user turn. With ``barge_in_at_s``, each next input starts that long
-        after the assistant's previous answer began playing (interrupting it)."""
+        after the assistant's previous answer began playing (interrupting it). Without
+        ``is_last_played`` the run ends once the last answer starts playing (benchmarks)."""
         if inputs:
             self._last_format = (inputs[0].sample_rate, inputs[0].channels)
         self._feed(self._quiet(lead_in_s))
@@ -192,6 +193,9 @@ class ConversationRunner:
                 started = self.player.t_first_played.get(gen)
                 if started is not None:
                     self._silence_until(lambda: time.monotonic() >= started + barge_in_at_s, barge_in_at_s + 1)
+            elif is_last and not is_last_played:
+                self._silence_until(lambda: gen in self.player.t_first_played or self.turns[gen].is_done,
+                                    self.turn_timeout_s)
             else:
                 self._silence_until(lambda: self.turns[gen].is_done and self.player.is_idle(), self.turn_timeout_s)
                 self._feed(self._quiet(0.25))

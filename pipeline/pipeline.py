@@ -225,6 +225,7 @@ class Pipeline:
             else:
                 heard = self.tracker.heard_text(old)
                 self._history.cut(old, heard)
+                self.book.mark(old, "interrupted")
                 self.book.set(old, "interrupted", 1)
                 self.book.set(old, "heard_words", len(heard.split()))
 

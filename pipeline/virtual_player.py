@@ -57,9 +57,10 @@ class VirtualPlayer:
                 self._is_paused = False
 
     def _note_stop(self, kind: str, gen: int) -> None:
-        if self._current is not None and not self._is_paused:
-            self.report(self._current.gen, self.played_samples.get(self._current.gen, 0))
-            self.stops.append({"kind": kind, "gen": self._current.gen, "input_sample": self.input_clock(),
+        playing = self._current if self._current is not None else (self._queue[0] if self._queue else None)
+        if playing is not None and not self._is_paused:
+            self.report(playing.gen, self.played_samples.get(playing.gen, 0))
+            self.stops.append({"kind": kind, "gen": playing.gen, "input_sample": self.input_clock(),
                                "t": time.monotonic()})
 
     def is_idle(self) -> bool:

@@ -4,7 +4,8 @@ Marks, in the order a voice turn meets them: ``speech_start``, ``speech_end`` (t
 frame arrived), ``turn_end_detected`` (the VAD waited silence_ms), ``asr_final``,
 ``llm_request``, ``llm_first_token``, ``first_chunk_ready``, ``first_audio_ready`` (synthesized;
 held until the turn is committed), ``first_audio_out`` (sent to the front end),
-``first_audio_played`` (when the front end reports playback), ``llm_done``, ``audio_done``.
+``first_audio_played`` (when the front end reports playback), ``llm_done``, ``audio_done``,
+``interrupted`` (a later turn cut this one off).
 A typed turn starts at ``text_in`` instead of ``speech_end``.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 
 ORDER = ("speech_start", "speech_end", "turn_end_detected", "text_in", "asr_final", "llm_request",
          "llm_first_token", "first_chunk_ready", "first_audio_ready", "first_audio_out", "first_audio_played", "llm_done",
-         "audio_done")
+         "audio_done", "interrupted")
 
 
 @dataclass

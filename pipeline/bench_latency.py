@@ -1,0 +1,164 @@
+"""``voxlane bench latency``: spoken questions through the whole pipeline, p50/p95 per stage.
+
+    voxlane bench latency [--repeat 2] [--barge-in 3] [--json]
+
+Each question is synthesized (Piper by default), fed in real time to a fresh session, and timed
+from the true end of speech in the input (by energy, not by the VAD under test) to the first
+assistant audio sample sent to the speaker. The machine is shared: figures are medians, and the
+load average is printed with them.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+
+import numpy as np
+
+from pipeline.config import ASRConfig, PipelineConfig
+from pipeline.conversation import ConversationRunner, InputAudio
+from pipeline.converse import add_model_arguments, load_models, make_pipeline, pick_persona
+from pipeline.persona import Persona
+
+QUESTIONS = (
+    "What is the capital of France?",
+    "How many legs does a spider have?",
+    "Can you recommend a good book to read?",
+    "What should I cook for dinner tonight?",
+    "Why is the sky blue?",
+    "Tell me a fun fact about cats.",
+    "What is the weather usually like in spring?",
+    "How do I make a cup of tea?",
+    "What is your name?",
+    "Give me a tip for sleeping better.",
+)
+STAGES = ("turn_end_detected", "asr_final", "llm_first_token", "first_chunk_ready", "first_audio_ready",
+          "first_audio_out")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summary(values: list[float]) -> dict:
+    return {"n": len(values), "p50": round(percentile(values, 50), 1), "p95": round(percentile(values, 95), 1),
+            "mean": round(statistics.fmean(values), 1) if values else None}
+
+
+def synthesize(texts: tuple[str, ...], models, voice) -> list[InputAudio]:
+    tts = models.tts(voice)
+    return [InputAudio(np.concatenate(list(tts.synthesize(t, 1.0))), tts.sample_rate, 1) for t in texts]
+
+
+def turn_figures(turn, text: str) -> dict:
+    from pipeline.asr_guard import normalize
+
+    ms = turn.waterfall.get("ms", {})
+    ref, hyp = normalize(text).split(), normalize(turn.user).split()
+    return {"question": text, "heard": turn.user, "voice_to_voice_ms": turn.voice_to_voice_ms, "ms": ms,
+            "word_errors": _edit_distance(ref, hyp), "words": len(ref), "early_asr": "asr_final" in ms and
+            ms.get("asr_final", 0) < ms.get("turn_end_detected", 0)}
+
+
+def _edit_distance(ref: list[str], hyp: list[str]) -> int:
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
+    return row[-1]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="voxlane bench latency", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=1, help="runs of the question set")
+    parser.add_argument("--questions", type=int, default=len(QUESTIONS), help="how many of the built-in questions")
+    parser.add_argument("--barge-in", type=int, default=0, metavar="N", help="also measure N barge-ins")
+    parser.add_argument("--json", action="store_true")
+    add_model_arguments(parser)
+    parser.set_defaults(temperature=0.0, max_tokens=40)
+    args = parser.parse_args(argv)
+    config = PipelineConfig(asr=dataclasses.replace(ASRConfig(), model=args.asr, is_partial_enabled=not args.no_partials))
+    models = load_models(args, config)
+    personas = pick_persona(args)
+    persona: Persona = personas if isinstance(personas, Persona) else personas.get(args.persona)
+    models.warm_up(persona.voice)
+    texts = QUESTIONS[: args.questions]
+    inputs = synthesize(texts, models, persona.voice)
+    turns = []
+    try:
+        for run in range(args.repeat):
+            for text, audio in zip(texts, inputs):
+                pipeline = make_pipeline(models, personas, args.persona, config, session=f"bench-{run}")
+                try:
+                    result = ConversationRunner(pipeline).run([audio], is_last_played=False)
+                finally:
+                    pipeline.close()
+                if result.turns:
+                    turns.append(turn_figures(result.turns[0], text))
+                    if not args.json:
+                        t = turns[-1]
+                        print(f"  {t['voice_to_voice_ms']:>7} ms  {text!r} -> {t['heard']!r}", file=sys.stderr)
+        barge = measure_barge_in(models, personas, args.persona, config, persona, args.barge_in)
+    finally:
+        models.close()
+    data = report(turns, barge, args)
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print_report(data)
+    return 0
+
+
+def measure_barge_in(models, personas, persona_name, config, persona, count: int) -> dict:
+    if count <= 0:
+        return {}
+    story, stop = synthesize(("Tell me a long story about a brave little dragon.", "Stop, please."), models,
+                             persona.voice)
+    stops, cancels = [], []
+    for _ in range(count):
+        pipeline = make_pipeline(models, personas, persona_name, config, session="bench-barge-in")
+        try:
+            result = ConversationRunner(pipeline).run([story, stop], barge_in_at_s=1.0, is_last_played=False)
+            first = result.turns[0].gen if result.turns else None
+            marks = pipeline.book.marks(first) if first is not None else {}
+        finally:
+            pipeline.close()
+        stops += result.barge_in_stop_ms[:1]
+        if "interrupted" in marks and "llm_done" in marks and marks["llm_done"] >= marks["interrupted"]:
+            cancels.append(1000 * (marks["llm_done"] - marks["interrupted"]))
+    return {"stop_ms": summary(stops), "llm_cancel_ms": summary(cancels), "samples": stops}
+
+
+def report(turns: list[dict], barge: dict, args) -> dict:
+    v2v = [t["voice_to_voice_ms"] for t in turns if t["voice_to_voice_ms"] is not None]
+    stages = {name: summary([t["ms"][name] for t in turns if name in t["ms"]]) for name in STAGES}
+    errors, words = sum(t["word_errors"] for t in turns), sum(t["words"] for t in turns)
+    return {"conditions": {"load_average": [round(x, 2) for x in os.getloadavg()], "cpu_count": os.cpu_count(),
+                           "asr": args.asr, "llm": args.llm, "llm_backend": args.llm_backend,
+                           "max_tokens": args.max_tokens, "partials": not args.no_partials},
+            "voice_to_voice_ms": summary(v2v), "stages_ms_from_vad_speech_end": stages,
+            "wer": round(errors / max(1, words), 4), "turns": turns, "barge_in": barge}
+
+
+def print_report(data: dict) -> None:
+    c = data["conditions"]
+    print(f"voice-to-voice latency ({data['voice_to_voice_ms']['n']} turns; {c['asr']}, {c['llm']} via "
+          f"{c['llm_backend']}; load average {c['load_average']} on {c['cpu_count']} CPUs)")
+    print(f"{'stage (ms after the VAD-detected end of speech)':<50} {'p50':>8} {'p95':>8}")
+    for name, s in data["stages_ms_from_vad_speech_end"].items():
+        print(f"  {name:<48} {s['p50']:>8} {s['p95']:>8}")
+    v = data["voice_to_voice_ms"]
+    print(f"  {'VOICE-TO-VOICE (true end of speech -> first audio)':<48} {v['p50']:>8} {v['p95']:>8}")
+    print(f"ASR word error rate on the questions: {100 * data['wer']:.1f} %")
+    if data["barge_in"]:
+        b = data["barge_in"]
+        print(f"barge-in: playback stopped p50 {b['stop_ms']['p50']} / p95 {b['stop_ms']['p95']} ms of audio after "
+              f"the interrupting speech began (n={b['stop_ms']['n']}); LLM cancel p50 {b['llm_cancel_ms']['p50']} ms")
