@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.model_store import PACKAGED, is_hub_name
+from engine.config import EngineConfig
+from pipeline.config import PipelineConfig
 from pipeline.schema import SchemaError, build, check
 
 LLM_BACKENDS = ("engine", "transformers", "openai")
@@ -103,6 +105,8 @@ class AppConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     models: ModelsConfig = field(default_factory=ModelsConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     personas: PersonasConfig = field(default_factory=PersonasConfig)
     source: str = "(defaults)"
 

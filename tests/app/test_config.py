@@ -24,8 +24,14 @@ def test_shipped_voxlane_toml_documents_exactly_the_defaults():
     assert _as_toml_data(shipped) == _as_toml_data(AppConfig())
     # every key of every section is written out in the file, so the file is the full documentation
     raw = tomllib.loads((ROOT / "voxlane.toml").read_text())
-    for section, values in _as_toml_data(AppConfig()).items():
-        assert set(raw[section]) == set(values), section
+
+    def same_keys(written: dict, defaults: dict, where: str) -> None:
+        assert set(written) == set(defaults), where
+        for key, value in defaults.items():
+            if isinstance(value, dict):
+                same_keys(written[key], value, f"{where}.{key}")
+
+    same_keys(raw, _as_toml_data(AppConfig()), "voxlane.toml")
 
 
 def test_defaults_are_safe():
@@ -53,6 +59,10 @@ def test_environment_overrides_the_file(tmp_path):
     ("[llm]\nbackend = \"openai\"\n", "llm.base_url", "http"),
     ("[llm]\nbackend = \"gpt\"\n", "llm.backend", "must be one of"),
     ("server = 3\n", "server", "must be a table"),
+    ("[engine]\nquant = \"int4\"\n", "engine.quant", "must be one of"),
+    ("[engine]\nmax_batch_size = 16\nnum_slots = 8\n", "engine.num_slots", ">= max_batch_size"),
+    ("[pipeline.vad]\nthreshold = 2.0\n", "pipeline.vad.threshold", "[0.05, 0.95]"),
+    ("[pipeline.tts]\nfallback = [\"sam\"]\n", "pipeline.tts.fallback", "unknown backend"),
     ("[server\n", "", "not valid TOML"),
 ])
 def test_invalid_settings_name_the_file_and_key(tmp_path, text, key, words):
