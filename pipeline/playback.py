@@ -75,7 +75,8 @@ class PlaybackTracker:
         return turn is not None and turn.is_done and self.played(gen) >= turn.total
 
     def heard_text(self, gen: int) -> str:
-        """The words of ``gen`` played so far; a chunk cut midway counts its words pro rata."""
+        """The words of ``gen`` played so far. Inside the chunk being played, time is shared out
+        by characters (long words take longer) and a word counts once half of it has played."""
         played = self.played(gen)
         with self._lock:
             turn = self._turns.get(gen)
@@ -84,12 +85,17 @@ class PlaybackTracker:
         for span in spans:
             if played >= span.end:
                 words += span.text.split()
-            elif played > span.start:
-                part = span.text.split()
-                words += part[: int(len(part) * (played - span.start) / max(1, span.end - span.start))]
-                break
-            else:
-                break
+                continue
+            if played > span.start:
+                reached = len(span.text) * (played - span.start) / max(1, span.end - span.start)
+                position = 0
+                for word in span.text.split():
+                    start = span.text.index(word, position)
+                    position = start + len(word)
+                    if (start + position) / 2 > reached:
+                        break
+                    words.append(word)
+            break
         return " ".join(words)
 
     def forget_before(self, gen: int) -> None:
