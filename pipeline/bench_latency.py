@@ -57,6 +57,13 @@ def synthesize(texts: tuple[str, ...], models, voice) -> list[InputAudio]:
     return [InputAudio(np.concatenate(list(tts.synthesize(t, 1.0))), tts.sample_rate, 1) for t in texts]
 
 
+def end_session(models, session: str) -> None:
+    """Frees the engine's per-session KV slot (backends without sessions have no such method)."""
+    end = getattr(models.llm, "end_session", None)
+    if end is not None:
+        end(session)
+
+
 def turn_figures(turn, text: str) -> dict:
     from pipeline.asr_guard import normalize
 
@@ -95,12 +102,15 @@ def main(argv: list[str]) -> int:
     turns = []
     try:
         for run in range(args.repeat):
-            for text, audio in zip(texts, inputs):
-                pipeline = make_pipeline(models, personas, args.persona, config, session=f"bench-{run}")
+            for index, (text, audio) in enumerate(zip(texts, inputs)):
+                # A new conversation each time: its first turn prefills the whole prompt (the worst case).
+                session = f"bench-{run}-{index}"
+                pipeline = make_pipeline(models, personas, args.persona, config, session=session)
                 try:
                     result = ConversationRunner(pipeline).run([audio], is_last_played=False)
                 finally:
                     pipeline.close()
+                    end_session(models, session)
                 if result.turns:
                     turns.append(turn_figures(result.turns[0], text))
                     if not args.json:
@@ -125,8 +135,9 @@ def measure_barge_in(models, personas, persona_name, config, persona, count: int
     stops, cancels = [], []
     for _ in range(count):
         pipeline = make_pipeline(models, personas, persona_name, config, session="bench-barge-in")
+        end_session(models, "bench-barge-in")
         try:
-            result = ConversationRunner(pipeline).run([story, stop], barge_in_at_s=1.0, is_last_played=False)
+            result = ConversationRunner(pipeline).run([story, stop], barge_in_at_s=0.5, is_last_played=False)
             first = result.turns[0].gen if result.turns else None
             marks = pipeline.book.marks(first) if first is not None else {}
         finally:

@@ -3,6 +3,7 @@ then silence while the assistant answers), a virtual speaker, and what each turn
 Used by ``voxlane converse``, ``voxlane bench latency`` and the tests."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from pipeline.frames import (AssistantDone, ErrorFrame, Frame, SpeakChunk, Speec
 from pipeline.pipeline import Pipeline
 from pipeline.virtual_player import VirtualPlayer
 
+log = logging.getLogger(__name__)
 FEED_MS = 20  # pieces of 20 ms, like a microphone callback
 
 
@@ -158,6 +160,7 @@ class ConversationRunner:
                 if done():
                     return True
             self._feed(self._quiet(0.1))
+        log.warning("gave up waiting after %.1f s", timeout_s)
         return False
 
     def time_of_sample(self, sample: int) -> float:
@@ -185,19 +188,23 @@ class ConversationRunner:
             opened = self._silence_until(lambda: len(self.order) > num_turns_before, 2.5)
             if not opened:
                 continue  # silence or noise: no turn, as it should be
-            gen = self.order[num_turns_before]
+            # The turn's gen is looked up each time: a pause + more speech re-opens it under a new gen.
+            def turn() -> TurnRecord:
+                return self.turns[self.order[num_turns_before]]
+
+            def is_playing() -> bool:
+                return turn().gen in self.player.t_first_played or turn().is_done
+
             is_last = index == len(inputs) - 1
             if barge_in_at_s is not None and not is_last:
-                self._silence_until(lambda: gen in self.player.t_first_played or self.turns[gen].is_done,
-                                    self.turn_timeout_s)
-                started = self.player.t_first_played.get(gen)
+                self._silence_until(is_playing, self.turn_timeout_s)
+                started = self.player.t_first_played.get(turn().gen)
                 if started is not None:
                     self._silence_until(lambda: time.monotonic() >= started + barge_in_at_s, barge_in_at_s + 1)
             elif is_last and not is_last_played:
-                self._silence_until(lambda: gen in self.player.t_first_played or self.turns[gen].is_done,
-                                    self.turn_timeout_s)
+                self._silence_until(is_playing, self.turn_timeout_s)
             else:
-                self._silence_until(lambda: self.turns[gen].is_done and self.player.is_idle(), self.turn_timeout_s)
+                self._silence_until(lambda: turn().is_done and self.player.is_idle(), self.turn_timeout_s)
                 self._feed(self._quiet(0.25))
         self._close()
         return self._result(true_ends, onsets)

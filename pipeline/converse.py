@@ -29,8 +29,8 @@ from pipeline.wavfile import read_wav, write_wav
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--asr", default=ASRConfig().model, help="ASR model: packaged name, path or hub name")
     parser.add_argument("--llm", default="smollm2-135m-instruct", help="LLM model: packaged name, path or hub name")
-    parser.add_argument("--llm-backend", default="transformers", choices=("transformers", "engine"),
-                        help="the LLM backend (engine: our own, when engine/engine_backend.py exists)")
+    parser.add_argument("--llm-backend", default="engine", choices=("engine", "transformers"),
+                        help="engine: our own (KV cache kept per session); transformers: the reference")
     parser.add_argument("--persona", default="nova", help="persona name (a file stem)")
     parser.add_argument("--persona-dir", type=Path, action="append", help="extra persona directory")
     parser.add_argument("--temperature", type=float, help="override the persona's temperature (0 = greedy)")

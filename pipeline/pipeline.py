@@ -257,6 +257,9 @@ class Pipeline:
         for stage in self._stages:
             if not stage.stop(self.config.stop_timeout_s):
                 log.warning("stage %s did not stop within %.1f s", stage.name, self.config.stop_timeout_s)
+        end_session = getattr(self._llm.backend, "end_session", None)  # our engine keeps a KV slot per session
+        if end_session is not None and self.session is not None:
+            end_session(self.session)
         self._is_closed = True
 
     def __enter__(self) -> "Pipeline":

@@ -30,6 +30,16 @@ def llm(smollm2_dir):
 
 
 @pytest.fixture(scope="session")
+def engine_llm(smollm2_dir):
+    """Our own engine (the app's default backend)."""
+    from engine.engine_backend import EngineBackend
+
+    backend = EngineBackend(smollm2_dir)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="session")
 def piper(piper_voice_path):
     from pipeline.tts.piper_tts import PiperTTS
 

@@ -48,12 +48,13 @@ def test_two_turn_conversation_through_voxlane_converse(say, transcriber, tmp_pa
     assert wer(spoken, heard) <= 0.15
 
 
-def test_barge_in_keeps_only_the_heard_part_and_frees_the_llm(say, transcriber, llm, tts_provider, silero_vad_path):
+def test_barge_in_keeps_only_the_heard_part_and_frees_the_engine(say, transcriber, engine_llm, tts_provider,
+                                                                 silero_vad_path):
     store = PersonaStore()
     nova = store.get("nova")
     persona = dataclasses.replace(nova, sampling=dataclasses.replace(nova.sampling, temperature=0.0, max_tokens=40))
-    pipeline = Pipeline(llm=llm, tts=tts_provider, personas=persona, transcriber=transcriber,
-                        vad_model_path=silero_vad_path)
+    pipeline = Pipeline(llm=engine_llm, tts=tts_provider, personas=persona, transcriber=transcriber,
+                        vad_model_path=silero_vad_path, session="barge-in-test")
     _, story = say("Tell me a long story about a brave little dragon.")
     _, stop = say("Wait, stop. What time is it?")
     inputs = []
@@ -61,8 +62,9 @@ def test_barge_in_keeps_only_the_heard_part_and_frees_the_llm(say, transcriber, 
         samples, rate, channels = read_wav(path)
         inputs.append(InputAudio(samples, rate, channels))
     try:
-        result = ConversationRunner(pipeline).run(inputs, barge_in_at_s=0.6)  # inside the first chunk: audio is surely playing
+        result = ConversationRunner(pipeline).run(inputs, barge_in_at_s=0.6, is_last_played=False)  # 0.6 s: inside the first chunk
         history = pipeline.history
+        marks = pipeline.book.marks(result.turns[0].gen)
     finally:
         pipeline.close()
     first, second = result.turns[0], result.turns[-1]  # "Wait, stop." may resume under a new gen
@@ -81,10 +83,12 @@ def test_barge_in_keeps_only_the_heard_part_and_frees_the_llm(say, transcriber, 
     # As many words as were played, give or take the word under the cut (Whisper on a clipped
     # fragment mishears homophones such as "tale"/"tail", so words are counted, not compared).
     assert abs(len(played_words) - len(heard_words)) <= 2
-    # The interrupting turn was answered, and the cancelled generation freed the backend.
-    assert second.user and second.assistant
+    # The interrupting turn was answered; the cancelled generation ended and freed its engine slot.
+    assert second.user and second.spoken
+    assert "interrupted" in marks and "llm_done" in marks
+    print(f"LLM generation ended {1000 * (marks['llm_done'] - marks['interrupted']):.0f} ms after the interrupt")
     for _ in range(100):
-        if not llm.lock.locked():
+        if engine_llm.engine.num_open_requests == 0:
             break
         time.sleep(0.05)
-    assert not llm.lock.locked()
+    assert engine_llm.engine.num_open_requests == 0
