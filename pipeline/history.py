@@ -33,7 +33,8 @@ class Exchange:
 class History:
     """Thread-safe list of exchanges (the LLM stage writes, playback reports cut)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = 200) -> None:
+        self._keep = keep  # exchanges remembered; prompts use fewer (max_turns, token budget)
         self._exchanges: dict[int, Exchange] = {}
         self._dropped: set[int] = set()  # a dropped gen stays dropped, even if begin() comes late
         self._lock = threading.Lock()
@@ -42,6 +43,8 @@ class History:
         with self._lock:
             if gen not in self._dropped:
                 self._exchanges[gen] = Exchange(gen, user)
+            for old in sorted(self._exchanges)[: max(0, len(self._exchanges) - self._keep)]:
+                del self._exchanges[old]
 
     def finish(self, gen: int, assistant: str) -> None:
         with self._lock:

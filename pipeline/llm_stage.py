@@ -2,11 +2,13 @@
 chunks. The persona is read at the start of every turn, so edits apply at the next turn."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Callable, Iterable
 
 from engine.backend import Generation, LLMBackend
+from engine.sampling import SamplingParams
 from pipeline.chunker import SpeakableChunker
 from pipeline.config import ChunkerConfig, LLMStageConfig
 from pipeline.frames import (AssistantDone, ErrorFrame, Frame, Interrupt, SpeakChunk, SystemFrame,
@@ -15,6 +17,8 @@ from pipeline.history import History
 from pipeline.persona import Persona
 from pipeline.stage import Stage
 from pipeline.waterfall import WaterfallBook
+
+log = logging.getLogger(__name__)
 
 
 class LLMStage(Stage):
@@ -35,6 +39,19 @@ class LLMStage(Stage):
         self.session = session
         self._active: tuple[int, Generation] | None = None
         self._lock = threading.Lock()
+
+    def setup(self) -> None:
+        """Prefills the persona's system prompt while the user is still speaking their first words:
+        a backend that keeps a session's KV cache (our engine) then prefills only the new turn."""
+        if not (self.config.is_prewarm_enabled and self.session):
+            return
+        try:
+            persona = self.persona()
+            messages = [{"role": "system", "content": persona.full_system_prompt()}, {"role": "user", "content": ""}]
+            for _ in self.backend.generate(messages, SamplingParams(temperature=0.0, max_tokens=1), self.session):
+                pass
+        except Exception:  # only an optimization: the first turn will say what is wrong
+            log.warning("prewarming the LLM session failed", exc_info=True)
 
     def on_system(self, frame: SystemFrame) -> None:
         # Cancel at once, from the interrupting thread: the backend frees its slot at the next token.

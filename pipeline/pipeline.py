@@ -97,6 +97,8 @@ class Pipeline:
         Call with consecutive pieces of one stream; resampled once here to 16 kHz mono."""
         if not self._has_audio_input:
             raise RuntimeError("this pipeline was built without VAD/ASR (text-only)")
+        if self._is_closed:
+            raise RuntimeError("the pipeline is closed")
         with self._input_lock:  # the resampler's state is one stream's
             mono = self._resampler(to_mono_float32(samples, channels), sample_rate)
             if len(mono):
@@ -189,6 +191,9 @@ class Pipeline:
             for old in [g for g in self._held if g < frame.gen]:
                 del self._held[old]
             self._settle_before(frame.gen)
+            # Long sessions stay flat: playback spans and commit marks of long-gone turns are dropped.
+            self.tracker.forget_before(frame.gen - 8)
+            self._committed = {g for g in self._committed if g >= frame.gen - 8}
         self._out(frame)
         if isinstance(frame, SpeechEnded):
             self._committed.add(frame.gen)

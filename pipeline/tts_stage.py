@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from pipeline.audio import resample_once
-from pipeline.frames import AssistantDone, AudioOut, ErrorFrame, Frame, SpeakChunk, TurnDone
+from pipeline.frames import AssistantDone, AudioOut, ErrorFrame, Frame, Interrupt, SpeakChunk, SystemFrame, TurnDone
 from pipeline.persona import Voice
 from pipeline.stage import Stage
 from pipeline.tts.base import TTSBackend
@@ -26,6 +26,11 @@ class TTSStage(Stage):
         self.book = book
         self.output_sample_rate = output_sample_rate
         self._turn_samples: dict[int, int] = {}  # audio already emitted per turn (its next start_sample)
+
+    def on_system(self, frame: SystemFrame) -> None:
+        if isinstance(frame, Interrupt):  # interrupted turns never reach AssistantDone: forget them here
+            for gen in [g for g in self._turn_samples if g < frame.gen]:
+                self._turn_samples.pop(gen, None)
 
     def process(self, frame: Frame) -> Iterable[Frame]:
         if isinstance(frame, SpeakChunk):

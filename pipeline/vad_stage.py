@@ -59,8 +59,9 @@ class VADStage(Stage):
     def _frame(self, samples: np.ndarray, t: float) -> Iterable[Frame]:
         prob = self.vad(samples)
         state_before = self.detector.state
-        # The persona is read only when a new onset could begin (the detector ignores it otherwise).
-        events = self.detector.update(prob, self.endpointing() if state_before == "idle" and prob >= self.detector.config.threshold else None)
+        # The persona is read only when a new onset may begin (the detector ignores it otherwise).
+        may_begin = state_before == "idle" and prob >= self.detector.config.threshold
+        events = self.detector.update(prob, self.endpointing() if may_begin else None)
         self._num_samples += FRAME_SAMPLES
         if self.detector.is_voiced:
             self._last_voiced = (self._num_samples, t)
