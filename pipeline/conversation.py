@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.audio import PIPELINE_RATE, to_mono_float32
-from pipeline.frames import (AssistantDone, ErrorFrame, Frame, SpeakChunk, SpeechStarted, Transcript,
-                             TurnDone)
+from pipeline.frames import (AssistantDone, ErrorFrame, Frame, PlaybackPause, SpeakChunk, SpeechStarted,
+                             Transcript, TurnDone)
 from pipeline.pipeline import Pipeline
+from pipeline.vad import FRAME_SAMPLES
 from pipeline.virtual_player import VirtualPlayer
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,8 @@ class TurnRecord:
 class ConversationResult:
     turns: list[TurnRecord]
     player: VirtualPlayer
-    barge_in_stop_ms: list[float]
+    barge_in_stop_ms: list[float]  # true onset of interrupting speech -> playback stopped (input audio ms)
+    barge_in_detect_ms: list[float]  # true onset -> end of the VAD frame that paused playback (audio only)
     frames: list[Frame]
 
 
@@ -230,7 +232,14 @@ class ConversationRunner:
             later = [o for o in onsets if o <= stop["input_sample"]]
             if later:
                 stop_ms.append(round(1000 * (stop["input_sample"] - later[-1]) / PIPELINE_RATE, 1))
-        return ConversationResult(turns, self.player, stop_ms, list(self.frames))
+        detect_ms = []
+        for stop in self.player.stops:
+            pause = next((f for f in reversed(self.frames) if isinstance(f, PlaybackPause)
+                          and f.at_sample <= stop["input_sample"]), None)
+            later = [o for o in onsets if pause is not None and o <= pause.at_sample + FRAME_SAMPLES]
+            if pause is not None and later:
+                detect_ms.append(round(1000 * (pause.at_sample + FRAME_SAMPLES - later[-1]) / PIPELINE_RATE, 1))
+        return ConversationResult(turns, self.player, stop_ms, detect_ms, list(self.frames))
 
     def _speech_start_sample(self, gen: int) -> int | None:
         for frame in self.frames:

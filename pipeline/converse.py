@@ -90,7 +90,7 @@ def report(result: ConversationResult) -> dict:
         turns.append({"gen": turn.gen, "user": turn.user, "partials": turn.partials, "assistant": turn.assistant,
                       "spoken": turn.spoken, "error": turn.error, "voice_to_voice_ms": turn.voice_to_voice_ms,
                       "waterfall": turn.waterfall})
-    return {"turns": turns, "barge_in_stop_ms": result.barge_in_stop_ms}
+    return {"turns": turns, "barge_in_stop_ms": result.barge_in_stop_ms, "barge_in_detect_ms": result.barge_in_detect_ms}
 
 
 def played_audio(result: ConversationResult, gap_s: float = 0.25) -> tuple[np.ndarray, int]:

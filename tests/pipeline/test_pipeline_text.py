@@ -111,3 +111,14 @@ def test_close_ends_every_thread(personas):
     pipeline.close()
     pipeline.close()  # idempotent
     assert not [t for t in threading.enumerate() if t.name.startswith("stage-") and t.name not in before]
+
+
+def test_sessions_share_models_but_not_history(personas):
+    backend = FakeBackend(["An answer."])
+    tts = SilentTTS()
+    with make(backend, personas, tts) as alice, make(backend, personas, tts) as bob:
+        collect_turn(alice, alice.text_input("I am Alice"))
+        collect_turn(bob, bob.text_input("I am Bob"))
+        assert [e.user for e in alice.history] == ["I am Alice"]
+        assert [e.user for e in bob.history] == ["I am Bob"]
+        assert [m["content"] for m in backend.calls[-1][1:]] == ["I am Bob"]
