@@ -78,27 +78,36 @@ def server(tmp_path_factory):
         print(f"server log: {log_path}")
 
 
+def _launch(pw, wav: Path, profile_name: str):
+    profile = ARTIFACTS / profile_name
+    shutil.rmtree(profile, ignore_errors=True)
+    args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+            f"--use-file-for-fake-audio-capture={wav}", "--autoplay-policy=no-user-gesture-required"]
+    return pw.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM, headless=True,
+                                                 args=args, viewport={"width": 1200, "height": 900})
+
+
 @pytest.fixture(scope="module")
-def browser(question_wav):
-    """One headless Chromium for the module; its fake microphone loops the question file."""
+def playwright():
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
-    profile = ARTIFACTS / "chromium-profile"
-    shutil.rmtree(profile, ignore_errors=True)
-    args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-            f"--use-file-for-fake-audio-capture={question_wav}", "--autoplay-policy=no-user-gesture-required"]
     with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM, headless=True,
-                                                        args=args, viewport={"width": 1200, "height": 900})
-        try:
-            yield context
-        finally:
-            context.close()
+        yield pw
+
+
+@pytest.fixture(scope="module")
+def browser(playwright, question_wav):
+    """Headless Chromium whose fake microphone loops the question file."""
+    context = _launch(playwright, question_wav, "chromium-profile")
+    try:
+        yield context
+    finally:
+        context.close()
 
 
 def _open_page(browser, server: str, console: list[str], external: list[str]):
@@ -156,10 +165,12 @@ def test_browser_barge_in_stops_the_reply(server, browser):
         page.press("#vx-input", "Enter")
         page.wait_for_function("window.voxlaneStats.state === 'speaking'", timeout=180_000)
         gen = page.evaluate("Math.max(...Object.keys(window.voxlaneStats.heard).map(Number))")
+        acks = page.evaluate("window.voxlaneStats.flushAcks")
         page.hover("#vx-talk")
         page.mouse.down()
         page.wait_for_function("window.voxlaneStats.interruptions.some(i => i.gen > %d)" % gen, timeout=60_000)
-        page.wait_for_function("window.voxlaneWidget.buffered === 0", timeout=60_000)
+        # the playback worklet confirms it dropped the audio (its report then holds what was heard)
+        page.wait_for_function(f"window.voxlaneStats.flushAcks > {acks}", timeout=60_000)
         heard_at_stop = page.evaluate(f"window.voxlaneStats.heard[{gen}]")
         page.wait_for_timeout(1000)  # then nothing more of that turn is played
         heard_later = page.evaluate(f"window.voxlaneStats.heard[{gen}]")
@@ -174,4 +185,38 @@ def test_browser_barge_in_stops_the_reply(server, browser):
     assert persona == "pirate"
     assert heard_later == heard_at_stop
     assert interrupted >= 1
+    assert not errors, errors
+
+
+def test_browser_hands_free_barge_in_by_voice(server, playwright, tmp_path):
+    """Hands-free: the user asks for a long story, then speaks again 3 s after their question
+    ended — over the reply (or, on a slow machine, before it starts). The new speech interrupts
+    turn 1: none of its audio plays after that, and the new words are transcribed."""
+    raw1, raw2, wav = tmp_path / "q1.wav", tmp_path / "q2.wav", tmp_path / "both.wav"
+    subprocess.run(["espeak-ng", "-s", "150", "-w", str(raw1), "Tell me a long story about a dragon."], check=True)
+    subprocess.run(["espeak-ng", "-s", "150", "-w", str(raw2), "Stop. What is the capital of Spain?"], check=True)
+    padded = tmp_path / "q1-padded.wav"
+    subprocess.run(["sox", str(raw1), str(padded), "pad", "0.5", "3.0"], check=True)
+    subprocess.run(["sox", str(padded), str(raw2), "-r", "48000", "-c", "1", "-b", "16", str(wav), "pad", "0", "40"],
+                   check=True)
+    context = _launch(playwright, wav, "chromium-profile-barge-in")
+    try:
+        page = _open_page(context, server, [], [])
+        page.click("#vx-hands")
+        page.wait_for_function("window.voxlaneStats.interruptions.some(i => i.gen > 1 && i.reason === 'barge-in')",
+                               timeout=240_000)
+        was_speaking = page.evaluate("window.voxlaneStats.interruptions.find(i => i.gen > 1).hadAudio")
+        page.wait_for_function("/spain/i.test(window.voxlaneStats.lastTranscript || '')", timeout=240_000)
+        heard_at_stop = page.evaluate("window.voxlaneStats.heard[1] || 0")  # long after the worklet's flush
+        page.wait_for_timeout(1000)
+        heard_later = page.evaluate("window.voxlaneStats.heard[1] || 0")
+        users = page.locator("#vx-chat .vx-user").all_inner_texts()
+        page.screenshot(path=str(ARTIFACTS / "browser-voice-barge-in.png"), full_page=True)
+        errors = page.evaluate("window.voxlaneStats.errors")
+    finally:
+        context.close()
+    print(f"\nturn 1 {'had audio queued' if was_speaking else 'had no audio yet'} when the user spoke again; "
+          f"{heard_at_stop:.0f} samples of it heard then, {heard_later:.0f} later; user turns {users}")
+    assert heard_later == heard_at_stop
+    assert len(users) == 2 and "spain" in users[-1].lower()  # two user turns, no abandoned bubble
     assert not errors, errors

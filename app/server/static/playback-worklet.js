@@ -14,7 +14,10 @@ class VoxlanePlayback extends AudioWorkletProcessor {
     this.port.onmessage = (event) => {
       const m = event.data;
       if (m.type === "push") this.queue.push({ samples: m.samples, gen: m.gen, ratio: m.ratio, offset: 0 });
-      else if (m.type === "flush") this.queue = m.keepGen === undefined ? [] : this.queue.filter((c) => c.gen >= m.keepGen);
+      else if (m.type === "flush") {
+        this.queue = m.keepGen === undefined ? [] : this.queue.filter((c) => c.gen >= m.keepGen);
+        this.flushed = true; // report at once: the page learns exactly what was heard before the stop
+      }
       else if (m.type === "pause") this.paused = true;
       else if (m.type === "resume") this.paused = false;
     };
@@ -47,12 +50,13 @@ class VoxlanePlayback extends AudioWorkletProcessor {
       this.announced.add(firstGen); // once per turn: the moment its first sound reached the speakers
       this.port.postMessage({ type: "sound", gen: firstGen });
     }
-    if (currentTime - this.lastReport > 0.1) {
+    if (this.flushed || currentTime - this.lastReport > 0.1) {
       this.lastReport = currentTime;
       let buffered = 0;
       for (const c of this.queue) buffered += c.samples.length - c.offset;
       this.port.postMessage({ type: "stats", stats: this.stats, heard: this.heard, buffered: buffered,
-                              paused: this.paused });
+                              paused: this.paused, flushed: this.flushed });
+      this.flushed = false;
     }
     return true;
   }

@@ -8,7 +8,7 @@
   const stats = (window.voxlaneStats = {
     connected: false, state: "idle", ready: null, errors: [], turns: [],
     playedSamples: 0, nonSilentSamples: 0, peak: 0, firstSoundMs: {}, audioChunks: 0,
-    interruptions: [], heard: {},
+    interruptions: [], heard: {}, flushAcks: 0,
   });
 
   function el(tag, attrs, text) {
@@ -249,7 +249,7 @@
           this.pendingAudio = m;
           break;
         case "interrupted":
-          stats.interruptions.push({ gen: m.gen, reason: m.reason, wasSpeaking: this.isSpeaking() });
+          stats.interruptions.push({ gen: m.gen, reason: m.reason, hadAudio: this.buffered > 0 }); // paused or playing
           // An interruption ends any pause: the old turn's audio is dropped, the new turn's plays.
           this.paused = false;
           this.player.port.postMessage({ type: "resume" });
@@ -311,6 +311,7 @@
       }
       Object.assign(stats, { playedSamples: m.stats.playedSamples, nonSilentSamples: m.stats.nonSilentSamples,
                              peak: m.stats.peak, heard: m.heard });
+      if (m.flushed) stats.flushAcks++; // the worklet has dropped the audio: heard is final for old turns
       this.buffered = m.buffered;
       // Tell the server what the user actually heard: the history keeps only that if they interrupt.
       for (const [gen, samples] of Object.entries(m.heard)) {
@@ -355,6 +356,14 @@
       this.lastGen = Math.max(this.lastGen || 0, gen);
       let b = this.userBubbles[gen];
       if (!b && this.pendingTyped) { b = this.pendingTyped; this.pendingTyped = null; return (this.userBubbles[gen] = b); }
+      if (!b) {
+        // The user went on after a pause (a new gen, reason "resume"): the same utterance, so the
+        // same bubble — never leave an abandoned "…" behind.
+        for (const [old, bubble] of Object.entries(this.userBubbles)) {
+          if (+old < gen && bubble.classList.contains("vx-partial")) { b = bubble; delete this.userBubbles[old]; }
+        }
+        if (b) this.userBubbles[gen] = b;
+      }
       if (!b) b = this.userBubbles[gen] = this.bubble("user", "", true);
       b.textContent = text;
       b.classList.toggle("vx-partial", !!partial);
