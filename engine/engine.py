@@ -169,17 +169,16 @@ class LLMEngine:
             logits = self.runner.prefill(seq.slot, seq.prompt_ids[start:end], start, want_logits=is_last)
             seq.num_cached = end
             if logits is not None:
-                token = self.sampler.sample(logits[None], [seq.sampling], [seq.id], [seq.all_ids])[0]
+                token = self.sampler.sample(logits[None], [seq])[0]
                 self._append(seq, token)
                 new_tokens += 1
         if plan.decode:
             seqs = plan.decode
-            logits = self.runner.decode([s.slot for s in seqs], [s.all_ids[-1] for s in seqs],
+            logits = self.runner.decode([s.slot for s in seqs], [s.last_token for s in seqs],
                                         [s.num_tokens - 1 for s in seqs])
             for seq in seqs:
                 seq.num_cached += 1
-            tokens = self.sampler.sample(logits, [s.sampling for s in seqs], [s.id for s in seqs],
-                                         [s.all_ids for s in seqs])
+            tokens = self.sampler.sample(logits, seqs)
             for seq, token in zip(seqs, tokens):
                 self._append(seq, token)
             new_tokens += len(seqs)

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from engine.sampling import SamplingParams
+from engine.sequence import Sequence
 
 
 def apply_repetition_penalty(logits: Tensor, seen_ids: list[int], penalty: float) -> Tensor:
@@ -45,12 +46,12 @@ class Sampler:
     def forget(self, seq_id: int) -> None:
         self.generators.pop(seq_id, None)
 
-    def sample(self, logits: Tensor, params: list[SamplingParams], seq_ids: list[int],
-               seen_ids: list[list[int]]) -> list[int]:
-        """logits [B, V] float32 -> one token id per row."""
-        if all(p.is_greedy and p.repetition_penalty == 1.0 for p in params):
+    def sample(self, logits: Tensor, seqs: list[Sequence]) -> list[int]:
+        """logits [B, V] float32 -> one token id per sequence (row)."""
+        if all(s.sampling.is_greedy and s.sampling.repetition_penalty == 1.0 for s in seqs):
             return logits.argmax(-1).tolist()
-        return [self._sample_row(logits[i], params[i], seq_ids[i], seen_ids[i]) for i in range(len(params))]
+        return [self._sample_row(logits[i], s.sampling, s.id, s.all_ids if s.sampling.repetition_penalty != 1.0 else [])
+                for i, s in enumerate(seqs)]
 
     def _sample_row(self, logits: Tensor, p: SamplingParams, seq_id: int, seen_ids: list[int]) -> int:
         logits = apply_repetition_penalty(logits.clone(), seen_ids, p.repetition_penalty)

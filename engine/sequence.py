@@ -39,6 +39,11 @@ class Sequence:
         return self.prompt_ids + self.output_ids
 
     @property
+    def last_token(self) -> int:
+        """The token the next decode step feeds (its k/v is not cached yet)."""
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+    @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 

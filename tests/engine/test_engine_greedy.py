@@ -6,7 +6,7 @@ import pytest
 from engine.sampling import SamplingParams
 from tests.engine.conftest import GREEDY_PROMPTS
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 
 
 def _run_alone(engine, prompt, sampling=GREEDY, session=None):

@@ -102,7 +102,7 @@ def test_thousand_submit_cancel_cycles_leave_nothing_behind(int8_engine):
             engine.step()
             assert all(s.finish_reason in ("cancelled", "length", "stop") for s in streams)
 
-    cycles(200)  # warm up allocator pools before measuring
+    cycles(96)  # warm up allocator pools before measuring
     gc.collect()
     rss_before = process.memory_info().rss
     cycles(1000)

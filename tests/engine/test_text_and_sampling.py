@@ -8,6 +8,7 @@ import torch
 from engine.detokenizer import IncrementalDetokenizer
 from engine.sampler import Sampler, apply_repetition_penalty, filter_top_k_top_p
 from engine.sampling import SamplingParams
+from engine.sequence import Sequence
 
 TRICKY = "Café déjà vu — naïve 東京 🚀🎉 voilà! Ünïcödé ✓ 𝄞 end."
 
@@ -70,9 +71,9 @@ def test_seeded_sampling_is_reproducible_per_sequence_in_a_batch():
     seeded = SamplingParams(temperature=1.0, top_p=1.0, seed=7)
     other = SamplingParams(temperature=1.0, top_p=1.0)
     greedy = SamplingParams(temperature=0.0)
-    alone = [sampler.sample(logits[:1], [seeded], [100], [[]])[0] for _ in range(1)]
-    sampler.forget(100)
-    first_in_batch = sampler.sample(logits, [seeded, other, greedy], [200, 201, 202], [[], [], []])
+    alone = sampler.sample(logits[:1], [Sequence(100, [1], seeded)])
+    first_in_batch = sampler.sample(logits, [Sequence(200, [1], seeded), Sequence(201, [1], other),
+                                             Sequence(202, [1], greedy)])
     assert first_in_batch[0] == alone[0]
     assert first_in_batch[2] == int(logits[2].argmax())
 
