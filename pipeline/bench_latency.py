@@ -10,7 +10,6 @@ load average is printed with them.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -18,9 +17,8 @@ import sys
 
 import numpy as np
 
-from pipeline.config import ASRConfig, PipelineConfig
 from pipeline.conversation import ConversationRunner, InputAudio
-from pipeline.converse import add_model_arguments, load_models, make_pipeline, pick_persona
+from pipeline.converse import add_model_arguments, load_models, make_pipeline, pick_persona, pipeline_config
 from pipeline.persona import Persona
 
 QUESTIONS = (
@@ -92,7 +90,7 @@ def main(argv: list[str]) -> int:
     add_model_arguments(parser)
     parser.set_defaults(temperature=0.0, max_tokens=40)
     args = parser.parse_args(argv)
-    config = PipelineConfig(asr=dataclasses.replace(ASRConfig(), model=args.asr, is_partial_enabled=not args.no_partials))
+    config = pipeline_config(args)
     models = load_models(args, config)
     personas = pick_persona(args)
     persona: Persona = personas if isinstance(personas, Persona) else personas.get(args.persona)
@@ -156,7 +154,8 @@ def report(turns: list[dict], barge: dict, args) -> dict:
     errors, words = sum(t["word_errors"] for t in turns), sum(t["words"] for t in turns)
     return {"conditions": {"load_average": [round(x, 2) for x in os.getloadavg()], "cpu_count": os.cpu_count(),
                            "asr": args.asr, "llm": args.llm, "llm_backend": args.llm_backend,
-                           "max_tokens": args.max_tokens, "partials": not args.no_partials},
+                           "max_tokens": args.max_tokens, "partials": not args.no_partials,
+                           "pause_ms": args.pause_ms},
             "voice_to_voice_ms": summary(v2v), "stages_ms_from_vad_speech_end": stages,
             "wer": round(errors / max(1, words), 4), "turns": turns, "barge_in": barge}
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import ASRConfig, PipelineConfig
+from pipeline.config import ASRConfig, PipelineConfig, VADConfig
 from pipeline.conversation import ConversationResult, ConversationRunner, InputAudio
 from pipeline.models import PipelineModels
 from pipeline.persona import Persona
@@ -37,6 +37,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, help="override the persona's max_tokens")
     parser.add_argument("--seed", type=int, help="sampling seed")
     parser.add_argument("--no-partials", action="store_true", help="no partial transcripts while speaking")
+    parser.add_argument("--pause-ms", type=int, default=VADConfig().pause_ms,
+                        help="silence after which the answer starts speculatively (committed at the persona's silence_ms)")
+
+
+def pipeline_config(args: argparse.Namespace) -> PipelineConfig:
+    """The pipeline settings the command line can change (the app reads the rest from voxlane.toml)."""
+    return PipelineConfig(asr=dataclasses.replace(ASRConfig(), model=args.asr, is_partial_enabled=not args.no_partials),
+                          vad=dataclasses.replace(VADConfig(), pause_ms=args.pause_ms))
 
 
 def load_models(args: argparse.Namespace, config: PipelineConfig) -> PipelineModels:
@@ -84,10 +92,12 @@ def read_input(path: Path) -> InputAudio:
     return InputAudio(samples, rate, channels)
 
 
-def report(result: ConversationResult) -> dict:
+def report(result: ConversationResult, history=()) -> dict:
+    written = {e.gen: e.assistant for e in history}  # an interrupted turn has no AssistantDone frame
     turns = []
     for turn in result.turns:
-        turns.append({"gen": turn.gen, "user": turn.user, "partials": turn.partials, "assistant": turn.assistant,
+        turns.append({"gen": turn.gen, "user": turn.user, "partials": turn.partials,
+                      "assistant": turn.assistant or written.get(turn.gen, ""),
                       "spoken": turn.spoken, "error": turn.error, "voice_to_voice_ms": turn.voice_to_voice_ms,
                       "waterfall": turn.waterfall})
     return {"turns": turns, "barge_in_stop_ms": result.barge_in_stop_ms, "barge_in_detect_ms": result.barge_in_detect_ms}
@@ -141,7 +151,7 @@ def main(argv: list[str]) -> int:
         if not path.is_file():
             print(f"voxlane converse: no such file: {path}", file=sys.stderr)
             return 2
-    config = PipelineConfig(asr=dataclasses.replace(ASRConfig(), model=args.asr, is_partial_enabled=not args.no_partials))
+    config = pipeline_config(args)
     inputs = [read_input(p) for p in args.inputs]
     models = load_models(args, config)
     personas = pick_persona(args)
@@ -153,7 +163,7 @@ def main(argv: list[str]) -> int:
     finally:
         pipeline.close()
         models.close()
-    data = report(result)
+    data = report(result, history)
     data["history"] = [{"user": e.user, "assistant": e.reply, "interrupted": e.is_interrupted} for e in history]
     if args.output:
         audio, rate = played_audio(result)

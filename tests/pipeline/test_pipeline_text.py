@@ -122,3 +122,15 @@ def test_sessions_share_models_but_not_history(personas):
         assert [e.user for e in alice.history] == ["I am Alice"]
         assert [e.user for e in bob.history] == ["I am Bob"]
         assert [m["content"] for m in backend.calls[-1][1:]] == ["I am Bob"]
+
+
+def test_audio_is_resampled_to_the_front_ends_rate_when_asked(personas):
+    from pipeline.config import PipelineConfig, TTSConfig
+
+    tts = SilentTTS(samples_per_word=1600)  # 16 kHz
+    config = PipelineConfig(tts=TTSConfig(output_sample_rate=48000))
+    with Pipeline(llm=FakeBackend(["Three words here."]), tts=lambda voice: tts, personas=personas,
+                  persona="nova", config=config) as pipeline:
+        audio = [f for f in collect_turn(pipeline, pipeline.text_input("hi")) if isinstance(f, AudioOut)]
+    assert audio and all(f.sample_rate == 48000 for f in audio)
+    assert sum(len(f.pcm) for f in audio) == 3 * 1600 * 3
