@@ -17,6 +17,7 @@ import gradio as gr
 from pipeline.persona_store import PersonaStore
 
 HEAD = """
+<script src="/static/voxlane-audio.js" defer></script>
 <script src="/static/voxlane.js" defer></script>
 <link rel="stylesheet" href="/static/voxlane.css">
 """

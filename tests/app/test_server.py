@@ -37,7 +37,8 @@ def test_the_page_carries_the_widget_and_loads_nothing_from_outside(server):
     assert "fonts.googleapis.com" not in text  # system fonts only: the page works offline
 
 
-@pytest.mark.parametrize("name", ["voxlane.js", "capture-worklet.js", "playback-worklet.js", "voxlane.css"])
+@pytest.mark.parametrize("name", ["voxlane.js", "voxlane-audio.js", "capture-worklet.js", "playback-worklet.js",
+                                  "voxlane.css"])
 def test_static_files_are_served(server, name):
     response = httpx.get(f"{server.url}/static/{name}", timeout=30)
     assert response.status_code == 200 and len(response.text) > 100

@@ -1,6 +1,6 @@
 // Voxlane's talking widget: speaks the /ws protocol (docs/protocol.md) from the Gradio page.
-// Capture and playback run in AudioWorklets (capture-worklet.js, playback-worklet.js), so audio
-// moves in 20 ms frames instead of Gradio's multi-hundred-millisecond streaming chunks.
+// Audio (capture and playback AudioWorklets) lives in voxlane-audio.js; audio moves in 20 ms
+// frames instead of Gradio's 100+ ms streaming chunks.
 // window.voxlaneStats exposes what happened (for the browser test and for curious users).
 (function () {
   "use strict";
@@ -24,7 +24,7 @@
       this.personas = JSON.parse(root.dataset.personas || "[]");
       this.persona = root.dataset.defaultPersona || this.personas[0] || "";
       this.ws = null;
-      this.ctx = null;
+      this.audio = null; // VoxlaneAudio (voxlane-audio.js), made at the first connect
       this.started = null; // a Promise while connecting/connected
       this.talking = false;
       this.handsFree = false;
@@ -99,38 +99,15 @@
 
     async connect() {
       this.setStatus("Starting audio…");
-      this.ctx = new AudioContext({ latencyHint: "interactive" });
-      await this.ctx.resume();
-      await this.ctx.audioWorklet.addModule("/static/capture-worklet.js");
-      await this.ctx.audioWorklet.addModule("/static/playback-worklet.js");
-      this.player = new AudioWorkletNode(this.ctx, "voxlane-playback", { outputChannelCount: [1] });
-      this.player.connect(this.ctx.destination);
-      this.player.port.onmessage = (e) => this.onPlayback(e.data);
-      let stream;
-      try {
-        stream = await navigator.mediaDevices.getUserMedia({
-          // The browser's echo canceller uses what this page plays as its reference: with open
-          // speakers the assistant does not hear (and answer) itself.
-          audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true, autoGainControl: true },
-        });
-      } catch (err) {
-        this.setStatus("No microphone (" + err.name + "): you can still type.");
-      }
-      if (stream) {
-        const source = this.ctx.createMediaStreamSource(stream);
-        this.capture = new AudioWorkletNode(this.ctx, "voxlane-capture", { numberOfOutputs: 1 });
-        const mute = this.ctx.createGain();
-        mute.gain.value = 0; // keeps the capture node pulled by the graph without making a sound
-        source.connect(this.capture).connect(mute).connect(this.ctx.destination);
-        this.capture.port.onmessage = (e) => this.onMicFrame(e.data);
-      }
+      this.audio = new window.VoxlaneAudio((frame) => this.onMicFrame(frame), (m) => this.onPlayback(m));
+      if (!(await this.audio.start())) this.setStatus("No microphone (" + this.audio.micError + "): you can still type.");
       const token = new URLSearchParams(location.search).get("token") || "";
       const scheme = location.protocol === "https:" ? "wss://" : "ws://";
       this.ws = new WebSocket(scheme + location.host + "/ws");
       this.ws.binaryType = "arraybuffer";
       await new Promise((resolve, reject) => {
         this.ws.onopen = () => this.ws.send(JSON.stringify({
-          type: "start", version: 1, sample_rate: this.ctx.sampleRate, format: "pcm16",
+          type: "start", version: 1, sample_rate: this.audio.sampleRate, format: "pcm16",
           persona: this.persona, token: token }));
         this.ws.onerror = () => reject(new Error("WebSocket error"));
         this.ws.onclose = (e) => { this.onClose(e); reject(new Error("closed: " + e.code + " " + e.reason)); };
@@ -155,19 +132,11 @@
       // Frames flow all the time: silence (zeros) when not capturing, so the server's VAD sees the
       // end of a held-to-talk turn at once and its clock never stalls.
       const live = this.talking || this.handsFree;
-      const pcm = new Int16Array(floats.length);
-      if (live) {
-        let energy = 0;
-        for (let i = 0; i < floats.length; i++) {
-          const s = Math.max(-1, Math.min(1, floats[i]));
-          pcm[i] = s < 0 ? s * 32768 : s * 32767;
-          energy += s * s;
-        }
-        // The browser's own "the user stopped talking" clock, for voice-to-voice latency: the
-        // server's speech_ended message arrives only after its silence wait and transcription.
-        if (Math.sqrt(energy / floats.length) > 0.01) this.lastVoiceAt = performance.now();
-      }
-      this.ws.send(pcm.buffer);
+      const frame = live ? window.VoxlaneAudio.toPcm16(floats) : { pcm: new Int16Array(floats.length), rms: 0 };
+      // The browser's own "the user stopped talking" clock, for voice-to-voice latency: the
+      // server's speech_ended message arrives only after its silence wait and transcription.
+      if (frame.rms > 0.01) this.lastVoiceAt = performance.now();
+      this.ws.send(frame.pcm.buffer);
     }
 
     async startTalking() {
@@ -252,13 +221,13 @@
           stats.interruptions.push({ gen: m.gen, reason: m.reason, hadAudio: this.buffered > 0 }); // paused or playing
           // An interruption ends any pause: the old turn's audio is dropped, the new turn's plays.
           this.paused = false;
-          this.player.port.postMessage({ type: "resume" });
+          this.audio.setPaused(false);
           this.flush(m.gen);
           for (const gen of Object.keys(this.botBubbles)) if (+gen < m.gen) this.botBubbles[gen].classList.add("vx-interrupted");
           break;
         case "playback":
           this.paused = m.action === "pause";
-          this.player.port.postMessage({ type: m.action });
+          this.audio.setPaused(this.paused);
           this.render();
           break;
         case "turn":
@@ -280,23 +249,13 @@
       if (this.typedAt && this.endOfSpeechAt[header.gen] === undefined) {
         this.endOfSpeechAt[header.gen] = this.typedAt; this.typedAt = null;
       }
-      const pcm = new Int16Array(buffer);
-      const ratio = this.ctx.sampleRate / header.sample_rate;
-      // Linear interpolation to the context's rate: the playback rate always matches the data's.
-      const n = Math.floor(pcm.length * ratio);
-      const out = new Float32Array(n);
-      for (let i = 0; i < n; i++) {
-        const x = i / ratio, j = Math.floor(x), f = x - j;
-        const a = pcm[j] / 32768, b = (j + 1 < pcm.length ? pcm[j + 1] : pcm[j]) / 32768;
-        out[i] = a + (b - a) * f;
-      }
       stats.audioChunks++;
-      this.player.port.postMessage({ type: "push", samples: out, gen: header.gen, ratio: ratio }, [out.buffer]);
+      this.audio.push(buffer, header.sample_rate, header.gen);
     }
 
     flush(keepGen) {
       this.minGen = Math.max(this.minGen, keepGen === Infinity ? (this.lastGen || 0) + 1 : keepGen);
-      if (this.player) this.player.port.postMessage({ type: "flush", keepGen: this.minGen });
+      if (this.audio) this.audio.flush(this.minGen);
       this.buffered = 0;
       this.render();
     }
