@@ -1,17 +1,13 @@
 """``voxlane say`` writes a WAV that Whisper transcribes back to the same words."""
 from __future__ import annotations
 
-import re
 import wave
 
 import numpy as np
 import pytest
 
 from tests.app.test_cli import voxlane
-
-
-def _words(text: str) -> list[str]:
-    return re.sub(r"[^a-z0-9 ]", "", text.lower()).split()
+from tests.pipeline.wer import wer
 
 
 @pytest.fixture(scope="module")
@@ -31,28 +27,20 @@ def _transcribe(whisper, path) -> str:
     return " ".join(s.text for s in segments)
 
 
-def _word_error_rate(hypothesis: list[str], reference: list[str]) -> float:
-    row = list(range(len(hypothesis) + 1))  # Levenshtein distance over words, one row at a time
-    for i, ref in enumerate(reference, 1):
-        prev, row[0] = row[0], i
-        for j, hyp in enumerate(hypothesis, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ref != hyp))
-    return row[-1] / len(reference)
-
-
-# The packaged Piper voice must come back word for word; the robotic fallbacks must stay intelligible
-# (espeak-ng is the least natural: at its default 175 wpm Whisper base hears "jump, so we're gonna lazy dog").
-@pytest.mark.parametrize("backend, rate, max_wer", [(None, 22050, 0.0), ("flite", 16000, 0.25), ("espeak", 22050, 0.5)])
-def test_say_round_trips_through_whisper(tmp_path, whisper, backend, rate, max_wer):
-    text = "The quick brown fox jumps over the lazy dog."
+# Each voice must come back word for word. (The fallbacks are robotic: on "The quick brown fox jumps
+# over the lazy dog." Whisper base hears espeak-ng say "jump, so we're gonna lazy dog"; an everyday
+# sentence is the fair test of what they are for.)
+@pytest.mark.parametrize("backend, rate", [(None, 22050), ("flite", 16000), ("espeak", 22050)])
+def test_say_round_trips_through_whisper(tmp_path, whisper, backend, rate):
+    text = "Please open the window before the meeting starts."
     out = tmp_path / "out.wav"
     result = voxlane("say", text, "-o", str(out), *(["--backend", backend] if backend else []))
     assert result.returncode == 0, result.stderr
     with wave.open(str(out)) as f:
         assert (f.getnchannels(), f.getsampwidth(), f.getframerate()) == (1, 2, rate)
         assert f.getnframes() > rate  # more than a second of speech
-    heard = _words(_transcribe(whisper, out))
-    assert _word_error_rate(heard, _words(text)) <= max_wer, heard
+    heard = _transcribe(whisper, out)
+    assert wer(text, heard) == 0.0, heard
 
 
 def test_say_speaking_rate_changes_duration(tmp_path):
