@@ -125,7 +125,8 @@ def format_table(result: dict) -> str:
     lines.append("")
     lines.append(f"Settings: {s['tokens']} greedy new tokens (EOS ignored), median of {s['runs']} runs after a warm-up, "
                  f"torch.set_num_threads({s['threads']}), batch {s['batch']}, prefill prompt ~{s['prefill_tokens']} tokens; "
-                 f"{result['machine']}.")
+                 f"{result['machine']}; 1-min load average {result.get('load_avg_start')} at start, "
+                 f"{result.get('load_avg_end')} at end (other work on the machine slows every row).")
     if result.get("conversation_ttft_ms"):
         lines.append("Conversation TTFT by turn (ms, one session): "
                      + ", ".join(f"{t:.0f}" for t in result["conversation_ttft_ms"]))
@@ -155,12 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"rows": [], "settings": asdict(settings),
                     "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
                                f"torch {__import__('torch').__version__}",
-                    "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+                    "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "load_avg_start": round(os.getloadavg()[0], 2)}
     for group in [g for g in args.groups.split(",") if g]:
         print(f"[bench] {group} ...", file=sys.stderr, flush=True)
         part = run_group(group, model_dir, settings, args.quick) if args.in_process else run_isolated(group, child_argv)
         result["rows"] += part.pop("rows", [])
         result.update(part)
+    result["load_avg_end"] = round(os.getloadavg()[0], 2)
     result["ratios"] = ratios(result)
     print(json.dumps(result, indent=2) if args.json else format_table(result))
     return 0

@@ -160,7 +160,12 @@ class MLP(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight (F.rms_norm: one op)."""
+    """x / rms(x) * weight.
+
+    Written out rather than ``F.rms_norm``: on CPU that is a composite of ~10 small kernels
+    (counted with the profiler), this is 5, and at batch 1 each kernel launch costs about as much
+    as the arithmetic.
+    """
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -168,7 +173,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(self.eps)) * self.weight
 
 
 class Block(nn.Module):
