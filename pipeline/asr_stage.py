@@ -37,7 +37,7 @@ class ASRStage(Stage):
         self.language = language
         self.book = book
         self._gen = -1
-        self._carry_to = -1  # gen that continues the current utterance after a resume
+        self._carry = (-1, -1)  # (old gen, new gen) of an utterance resumed after a pause
         self._chunks: list[np.ndarray] = []
         self._num_samples = 0
         self._last_partial_at = 0
@@ -46,9 +46,9 @@ class ASRStage(Stage):
     def before_purge(self, interrupt: Interrupt, queued) -> None:
         if interrupt.reason == "resume":
             # The user went on after a pause: the audio still queued belongs to the same utterance.
-            self._carry_to = interrupt.gen
+            self._carry = (interrupt.resumes_gen, interrupt.gen)
             for frame in queued:
-                if isinstance(frame, UserAudio):
+                if isinstance(frame, UserAudio) and frame.gen == interrupt.resumes_gen:
                     frame.gen = interrupt.gen
 
     def _reset(self, gen: int) -> None:
@@ -63,7 +63,9 @@ class ASRStage(Stage):
     def process(self, frame: Frame) -> Iterable[Frame]:
         if isinstance(frame, UserAudio):
             if frame.gen != self._gen:
-                if frame.gen == self._carry_to:  # the same utterance, resumed after a pause
+                resumed, continued = self._carry
+                if frame.gen == continued and self._gen == resumed:
+                    # the same utterance, resumed after a pause: keep its audio
                     self._gen, self._is_final_sent = frame.gen, False
                 else:
                     self._reset(frame.gen)

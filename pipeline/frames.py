@@ -31,6 +31,7 @@ class Interrupt(SystemFrame):
     """*out* Drop everything older than ``gen``: stop playback, cancel generation."""
 
     reason: str = "barge-in"  # "barge-in" | "resume" (the user went on after a pause) | "user" | "text"
+    resumes_gen: int = 0  # for "resume": the gen the utterance had until now
 
 
 @dataclass

@@ -30,6 +30,7 @@ class Stage:
         self._inbox: queue.Queue = queue.Queue(maxsize=queue_size)
         self._downstream: Sink = lambda frame: None
         self._min_gen = 0
+        self._system_lock = threading.Lock()  # interrupts may arrive from several threads at once
         self._thread: threading.Thread | None = None
 
     def connect(self, downstream: Sink) -> None:
@@ -39,11 +40,12 @@ class Stage:
 
     def put(self, frame: Frame) -> None:
         if isinstance(frame, SystemFrame):
-            if isinstance(frame, Interrupt) and frame.gen > self._min_gen:
-                with self._inbox.mutex:
-                    self.before_purge(frame, self._inbox.queue)
-                self._min_gen = frame.gen
-                self._purge()
+            with self._system_lock:
+                if isinstance(frame, Interrupt) and frame.gen > self._min_gen:
+                    with self._inbox.mutex:
+                        self.before_purge(frame, self._inbox.queue)
+                    self._min_gen = frame.gen  # never lowered: a late, older interrupt changes nothing
+                    self._purge()
             self.on_system(frame)
             self._downstream(frame)
         else:
@@ -52,7 +54,7 @@ class Stage:
     def _purge(self) -> None:
         """Drop queued data frames of older generations (the queue's own lock keeps it safe)."""
         with self._inbox.mutex:
-            kept = [f for f in self._inbox.queue if f is _STOP or f.gen >= self._min_gen]
+            kept = [f for f in self._inbox.queue if f is _STOP or not self._is_dropped(f)]
             self._inbox.queue.clear()
             self._inbox.queue.extend(kept)
             self._inbox.not_full.notify_all()
@@ -71,6 +73,14 @@ class Stage:
 
     def setup(self) -> None:
         """Runs on the stage's thread before the first frame."""
+
+    def is_turn_data(self, frame: Frame) -> bool:
+        """Whether ``frame`` belongs to a turn (and dies with it). The VAD stage's raw input is
+        the stream itself, not any turn's: an interruption must never drop microphone audio."""
+        return True
+
+    def _is_dropped(self, frame: Frame) -> bool:
+        return self.is_turn_data(frame) and self.is_stale(frame.gen)
 
     def is_stale(self, gen: int) -> bool:
         """True once an Interrupt has superseded ``gen``: long work should check and stop."""
@@ -92,7 +102,7 @@ class Stage:
             frame = self._inbox.get()
             if frame is _STOP:
                 return
-            if self.is_stale(frame.gen):
+            if self._is_dropped(frame):
                 continue
             try:
                 for out in self.process(frame):

@@ -46,6 +46,9 @@ class VADStage(Stage):
         self._turn_gen = 0
         self._last_voiced = (0, 0.0)  # (sample, push time) of the last voiced frame
 
+    def is_turn_data(self, frame: Frame) -> bool:
+        return not isinstance(frame, AudioIn)
+
     def process(self, frame: Frame) -> Iterable[Frame]:
         if not isinstance(frame, AudioIn):
             yield frame
@@ -78,9 +81,10 @@ class VADStage(Stage):
         if "resume" in events:
             # Speech after a pause: the answer started at the pause is void; the utterance goes on
             # under a new gen (ASR keeps its audio, see ASRStage).
-            gen = self._turn_gen = self.counter.next()
+            resumed, gen = self._turn_gen, self.counter.next()
+            self._turn_gen = gen
             self.book.mark(gen, "speech_start", self._onset_t)
-            yield Interrupt(gen=gen, reason="resume")
+            yield Interrupt(gen=gen, reason="resume", resumes_gen=resumed)
             yield SpeechStarted(gen=gen, at_sample=self._onset_sample, is_continuation=True)
         if "start" in events:
             gen = self._turn_gen = self.counter.next()
