@@ -31,12 +31,23 @@ class ServerConfig:
     max_message_bytes: int = 1 << 20  # one WebSocket message (an audio frame or a JSON message)
     access_token: str = ""  # required from clients when set; must be set when host is not loopback
     allowed_origins: tuple[str, ...] = ()  # extra browser Origins allowed besides the server's own
+    start_timeout_s: float = 30.0  # a socket must send "start" within this
+    stall_timeout_s: float = 20.0  # a turn whose pipeline produces nothing for this long ends with "timeout"
+    send_timeout_s: float = 10.0  # a client that reads nothing for this long is dropped ("slow_client")
+    max_session_s: float = 4 * 3600.0  # a session lasts at most this long ("session_expired")
+    max_messages_per_s: float = 50.0  # JSON messages per session and second (bursts of twice that)
+    max_audio_speed: float = 4.0  # audio seconds per second a session may send (bursts of 60 s)
 
     def __post_init__(self) -> None:
         check(1 <= self.port <= 65535, "port", f"must be in [1, 65535], got {self.port}")
         check(1 <= self.max_sessions <= 1024, "max_sessions", f"must be in [1, 1024], got {self.max_sessions}")
         check(1024 <= self.max_message_bytes <= 64 << 20, "max_message_bytes",
               f"must be in [1024, 64 MiB], got {self.max_message_bytes}")
+        for name, low, high in (("start_timeout_s", 1, 3600), ("stall_timeout_s", 0.1, 3600),
+                                ("send_timeout_s", 0.1, 3600), ("max_session_s", 1, 7 * 86400),
+                                ("max_messages_per_s", 1, 100_000), ("max_audio_speed", 1, 1000)):
+            value = getattr(self, name)
+            check(low <= value <= high, name, f"must be in [{low}, {high}], got {value}")
         check(self.host in LOOPBACK or bool(self.access_token), "access_token",
               f"must be set when host is {self.host!r} (not loopback): anyone on the network could talk to it")
 

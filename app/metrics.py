@@ -44,7 +44,10 @@ class Metrics:
         self.llm_tokens_per_s = Gauge("voxlane_llm_tokens_per_second", "Decode rate of the last turn", registry=r)
         self._engine_stats = engine_stats
         self.engine_queue = Gauge("voxlane_engine_queue_depth", "Requests waiting for the engine", registry=r)
-        self.engine_slots = Gauge("voxlane_engine_kv_slots_in_use", "KV-cache slots held", registry=r)
+        self.engine_slots = Gauge("voxlane_engine_kv_slots_in_use", "KV-cache slots running a sequence", registry=r)
+        self.engine_slots_held = Gauge("voxlane_engine_kv_slots_held", "KV-cache slots kept by conversations",
+                                       registry=r)
+        self.engine_slots_total = Gauge("voxlane_engine_kv_slots", "KV-cache slots in the engine", registry=r)
         self.engine_tokens_per_s = Gauge("voxlane_engine_tokens_per_second", "Engine decode throughput", registry=r)
 
     def on_session_opened(self) -> None:
@@ -79,4 +82,6 @@ class Metrics:
             self.engine_queue.set(stats.get("queue_depth", 0))
             self.engine_slots.set(stats.get("slots_in_use", 0))
             self.engine_tokens_per_s.set(stats.get("tokens_per_s", 0.0))
+            self.engine_slots_held.set(stats.get("slots_held", 0))
+            self.engine_slots_total.set(stats.get("num_slots", 0))
         return generate_latest(self.registry)

@@ -1,8 +1,7 @@
-"""``voxlane serve``: the web page, the WebSocket protocol and /healthz on one port."""
+"""``voxlane serve``: the web page, the WebSocket protocol, /v1, /metrics and /healthz on one port."""
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import sys
 
@@ -18,6 +17,8 @@ def add_parser(sub) -> None:
     p.add_argument("--backend", choices=LLM_BACKENDS, help="LLM backend (default: the config's llm.backend)")
     p.add_argument("--no-ui", action="store_true", help="only /ws and /healthz, no Gradio page")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--log-json", action="store_true",
+                   help="log one JSON object per line (default: key=value lines); both carry the session id")
 
 
 def run(args) -> int:
@@ -30,17 +31,19 @@ def run(args) -> int:
             config = dataclasses.replace(config, server=dataclasses.replace(config.server, **overrides))
         except (SchemaError, ValueError) as error:
             raise CommandError(f"invalid --host/--port: {error}") from error
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from app.logs import setup_logging
+
+    setup_logging(args.log_level, as_json=args.log_json)
 
     import uvicorn
 
     from app.server.app import create_app
     from app.server.pipeline_conversations import PipelineConversations
 
-    print(f"voxlane: loading models ({config.models.asr}, {config.models.llm}, {config.models.tts}) …",
+    print(f"voxlane: loading and warming up models ({config.models.asr}, {config.models.llm}, {config.models.tts}) …",
           file=sys.stderr, flush=True)
     factory = PipelineConversations(config, args.backend)
-    factory.warm_up()
+    factory.warm_up()  # every model runs once before the server says it is serving
     from app.openai_api import openai_router
 
     # The same loaded LLM also answers OpenAI-compatible clients on /v1 (same port, same token).
@@ -48,12 +51,13 @@ def run(args) -> int:
                      routers=(openai_router(factory.llm, config.models.llm),))
     server = config.server
     print(f"voxlane: serving on http://{server.host}:{server.port}  (WebSocket: ws://{server.host}:{server.port}/ws, "
-          f"OpenAI-compatible: http://{server.host}:{server.port}/v1)",
+          f"OpenAI-compatible: http://{server.host}:{server.port}/v1, metrics: /metrics)",
           file=sys.stderr, flush=True)
     try:
         # Oversized messages within 4x the limit get a JSON error with a code from the handler;
         # anything bigger is refused by the transport itself (close 1009) before it is buffered.
-        uvicorn.run(app, host=server.host, port=server.port, log_level=args.log_level,
+        # log_config=None: uvicorn's own loggers go through the structured handler too.
+        uvicorn.run(app, host=server.host, port=server.port, log_level=args.log_level, log_config=None,
                     ws_max_size=4 * server.max_message_bytes, ws_per_message_deflate=False)
     finally:
         factory.close()

@@ -1,14 +1,15 @@
-"""The one ASGI app ``voxlane serve`` runs: ``/ws``, ``/healthz``, ``/static`` and the Gradio page
-at ``/``, all on one port."""
+"""The one ASGI app ``voxlane serve`` runs: ``/ws``, ``/healthz``, ``/metrics``, ``/static`` and the
+Gradio page at ``/``, all on one port."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, WebSocket
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from app.config import AppConfig
+from app.metrics import CONTENT_TYPE, Metrics
 from app.server import protocol
 from app.server.access import is_token_valid
 from app.server.conversation import ConversationFactory
@@ -26,6 +27,8 @@ def create_app(config: AppConfig, factory: ConversationFactory, with_ui: bool = 
     registry = SessionRegistry(config.server.max_sessions)
     app.state.registry = registry
     app.state.factory = factory
+    metrics = Metrics(engine_stats=engine_stats_of(factory))
+    app.state.metrics = metrics
 
     @app.get("/healthz")
     def healthz() -> JSONResponse:
@@ -35,12 +38,16 @@ def create_app(config: AppConfig, factory: ConversationFactory, with_ui: bool = 
 
     @app.websocket("/ws")
     async def websocket(ws: WebSocket) -> None:
-        await SocketHandler(ws, config.server, factory, registry).run()
+        await SocketHandler(ws, config.server, factory, registry, metrics).run()
 
     def require_token(request: Request) -> None:
         given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
         if not is_token_valid(given, config.server):
             raise HTTPException(status_code=401, detail="a valid access token is required (Authorization: Bearer)")
+
+    @app.get("/metrics", dependencies=[Depends(require_token)])
+    def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     for router in routers:
         app.include_router(router, dependencies=[Depends(require_token)])
@@ -56,3 +63,17 @@ def create_app(config: AppConfig, factory: ConversationFactory, with_ui: bool = 
         app = gr.mount_gradio_app(app, blocks, path="/", ssr_mode=False, head=HEAD, theme=_theme(),
                                   footer_links=[])
     return app
+
+
+def engine_stats_of(factory: ConversationFactory):
+    """The LLM backend's queue and KV-slot figures for /metrics, when it has any (our engine)."""
+    stats = getattr(getattr(factory, "llm", None), "stats", None)
+    if stats is None:
+        return None
+
+    def read() -> dict:
+        s = stats()
+        return {"queue_depth": s.waiting, "slots_in_use": s.slots_busy, "slots_held": s.slots_held,
+                "num_slots": s.num_slots, "tokens_per_s": s.tokens_per_s}
+
+    return read

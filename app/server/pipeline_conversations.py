@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 
 from app import model_store
 from app.backends import make_llm_backend
@@ -49,8 +50,36 @@ class PipelineConversations:
         return self.config.personas.default
 
     def warm_up(self) -> None:
-        """Load the default persona's voice now, so the first turn does not pay for it."""
-        self.tts(self.personas.get(self.default_persona()).voice)
+        """Run every model once before the server says ready, so the first turn is not the one
+        paying for lazy loading, allocations and first-call compilation: a tiny generation, a
+        Whisper pass and a VAD pass over noise, a synthesis with each persona's voice."""
+        import numpy as np
+
+        from engine.sampling import SamplingParams
+        from pipeline.vad import SileroVAD
+
+        started = time.monotonic()
+        try:
+            for _ in self.llm.generate([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0.0, max_tokens=4)):
+                pass
+        except Exception as error:  # a remote LLM that is not up yet must not stop the server
+            log.warning("LLM warm-up failed (%s); the first turn will try again", error)
+        noise = (np.random.default_rng(0).standard_normal(16000) * 0.01).astype(np.float32)
+        self.transcriber.transcribe(noise)
+        vad = SileroVAD(self.vad_path)
+        for i in range(0, len(noise) - 512, 512):
+            vad(noise[i:i + 512])
+        voices = {}
+        for name in self.persona_names():
+            try:
+                voice = self.personas.get(name).voice
+            except Exception:  # a broken user persona is reported when someone picks it
+                continue
+            voices.setdefault(repr(voice), voice)
+        for voice in voices.values():
+            for _ in self.tts(voice).synthesize("Hello.", voice.speaking_rate):
+                pass
+        log.info("models warmed up in %.1f s", time.monotonic() - started)
 
     def open(self, persona: str) -> Pipeline:
         try:

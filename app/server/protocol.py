@@ -30,6 +30,10 @@ class ErrorCode:
     BAD_AUDIO = "bad_audio"  # a binary frame that is not whole PCM16 samples
     UNKNOWN_PERSONA = "unknown_persona"
     PIPELINE = "pipeline_error"  # a stage failed on one turn; the next turn works
+    TIMEOUT = "timeout"  # a stage stalled past server.stall_timeout_s: the turn ended with an apology
+    RATE_LIMITED = "rate_limited"  # messages or audio faster than the session's limits: dropped
+    SLOW_CLIENT = "slow_client"  # fatal: the client read nothing for server.send_timeout_s
+    SESSION_EXPIRED = "session_expired"  # fatal: the session lasted server.max_session_s
     INTERNAL = "internal"  # fatal: a server bug
 
 
@@ -41,6 +45,8 @@ CLOSE_CODES = {
     ErrorCode.BUSY: 1013,  # "try again later"
     ErrorCode.TOO_LARGE: 1009,  # "message too big"
     ErrorCode.INTERNAL: 1011,
+    ErrorCode.SLOW_CLIENT: 1008,  # "policy violation"
+    ErrorCode.SESSION_EXPIRED: 1001,  # "going away"
 }
 
 
@@ -103,12 +109,23 @@ class End:
 ClientMessage = Start | TextInput | Interrupt | SetPersona | Played | End
 
 
+def _is_encodable(text: str) -> bool:
+    """JSON may spell a lone surrogate ("\\ud800"), which no UTF-8 text (an answer, a log) can carry."""
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def _field(data: dict, name: str, kind: type, required: bool = True, default: Any = None):
     if name not in data:
         if required:
             raise ProtocolError(ErrorCode.BAD_MESSAGE, f"'{data.get('type')}' needs the field '{name}'")
         return default
     value = data[name]
+    if isinstance(value, str) and not _is_encodable(value):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"'{name}' holds an unpaired UTF-16 surrogate (\\ud800-\\udfff)")
     # bool is an int in Python; a JSON true is never a valid number here
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, f"'{name}' has the wrong type ({type(value).__name__})")
@@ -121,6 +138,8 @@ def parse_client_text(text: str) -> ClientMessage:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ProtocolError(ErrorCode.BAD_JSON, f"not JSON: {error}") from None
+    except RecursionError:  # [[[[...]]]] nested deeper than the parser's stack
+        raise ProtocolError(ErrorCode.BAD_JSON, "JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise ProtocolError(ErrorCode.BAD_JSON, "a message must be a JSON object")
     kind = data.get("type")

@@ -14,6 +14,7 @@ import threading
 
 from app.server.conversation import Conversation
 from app.server.events import StateTracker, audio_messages, to_messages
+from app.server.limits import TurnWatch
 from pipeline import frames as f
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ class Session:
     """A started session. ``outbox`` holds JSON dicts and (audio header, PCM bytes) pairs."""
 
     def __init__(self, session_id: str, conversation: Conversation, persona: str, input_rate_hz: int,
-                 loop: asyncio.AbstractEventLoop):
+                 loop: asyncio.AbstractEventLoop, stall_timeout_s: float = 20.0):
         self.id = session_id
         self.conversation = conversation
         self.persona = persona
@@ -39,6 +40,8 @@ class Session:
         self.latest_gen = 0
         self.num_audio_bytes_in = 0
         self._state = StateTracker()
+        self._watch = TurnWatch(stall_timeout_s)
+        self.num_timeouts = 0
         self._stop = threading.Event()
         self._pump = threading.Thread(target=self._run, name=f"voxlane-{session_id}-pump", daemon=True)
         self._pump.start()
@@ -50,7 +53,10 @@ class Session:
             while not self._stop.is_set():
                 frame = self.conversation.next_frame(0.1)
                 if frame is None:
+                    if (stalled := self._watch.stalled()) is not None:
+                        self._end_stalled_turn(*stalled)
                     continue
+                self._watch.on_frame(frame)
                 self.latest_gen = max(self.latest_gen, frame.gen)
                 if isinstance(frame, f.Interrupt):
                     self.min_audio_gen = max(self.min_audio_gen, frame.gen)
@@ -67,6 +73,18 @@ class Session:
             self._put({"type": "error", "code": "internal", "message": "output pump failed", "fatal": True})
         finally:
             self._put(CLOSED)
+
+    def _end_stalled_turn(self, gen: int, stage: str) -> None:
+        """A stage stopped producing: say so, cancel the turn (its generation and slot), and close
+        it with a ``turn`` message, so the client is never left waiting in silence."""
+        log.warning("session %s: turn %d stalled in %s; ending it", self.id, gen, stage)
+        self.num_timeouts += 1
+        self._put({"type": "error", "code": "timeout", "gen": gen, "stage": stage, "fatal": False,
+                   "message": f"Sorry, I could not answer in time (the {stage} stage stalled). Please try again."})
+        self.interrupt()
+        self._put({"type": "turn", "gen": gen, "waterfall": {"gen": gen, "ms": {}, "counts": {"timed_out": 1}}})
+        self._state.state = "listening"
+        self._put({"type": "state", "gen": gen, "state": "listening"})
 
     def _put(self, item) -> None:
         """Hand one message to the event loop, waiting while the outbox is full (until closed)."""

@@ -2,8 +2,9 @@
 
 Reading happens here, on the event loop; writing happens in one sender task per socket (the only
 writer, so messages never interleave); the pipeline lives on its own threads (app/server/session.py).
-Whatever ends the socket — "end", a disconnect mid-answer, an error — the ``finally`` frees the
-pipeline's threads, its engine slot and the session's place.
+Whatever ends the socket — "end", a disconnect mid-answer, an error, a client too slow to read
+its answers, the session's time limit — the ``finally`` frees the pipeline's threads, its engine
+slot and the session's place.
 """
 from __future__ import annotations
 
@@ -15,15 +16,19 @@ import numpy as np
 from fastapi import WebSocket, WebSocketDisconnect
 
 from app.config import ServerConfig
+from app.logs import SESSION
+from app.metrics import Metrics
 from app.server import protocol as p
 from app.server.access import is_origin_allowed, is_token_valid
 from app.server.conversation import ConversationFactory
+from app.server.limits import TokenBucket
 from app.server.registry import SessionLimitReached, SessionRegistry
 from app.server.session import CLOSED, Session
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 30.0  # a socket that never says "start" does not hold a connection forever
+AUDIO_BURST_S = 60.0  # audio a client may send ahead of real time x max_audio_speed (a WAV sent fast)
+RATE_ERROR_INTERVAL_S = 1.0  # at most one "rate_limited" answer per second: refusals must not flood either
 
 
 class _Closed(Exception):
@@ -34,16 +39,24 @@ class SocketHandler:
     """Serves one WebSocket connection from accept to close."""
 
     def __init__(self, websocket: WebSocket, config: ServerConfig, factory: ConversationFactory,
-                 registry: SessionRegistry):
+                 registry: SessionRegistry, metrics: Metrics | None = None):
         self.ws = websocket
         self.config = config
         self.factory = factory
         self.registry = registry
+        self.metrics = metrics or Metrics()
         self.session: Session | None = None
         self.session_id: str | None = None
         self._sender: asyncio.Task | None = None
+        self._task: asyncio.Task | None = None
+        self._drop: p.ProtocolError | None = None  # why the server ends this session on its own
+        self._expiry: asyncio.TimerHandle | None = None
+        self._messages = TokenBucket(config.max_messages_per_s, 2 * config.max_messages_per_s)
+        self._audio = TokenBucket(config.max_audio_speed, AUDIO_BURST_S)
+        self._last_rate_error = -RATE_ERROR_INTERVAL_S
 
     async def run(self) -> None:
+        self._task = asyncio.current_task()
         await self.ws.accept()
         try:
             if not is_origin_allowed(self.ws.headers.get("origin"), self.ws.headers.get("host"), self.config):
@@ -54,15 +67,28 @@ class SocketHandler:
             pass
         except p.ProtocolError as error:  # only fatal ones get here
             await self._fail(error.code, error.message)
+        except asyncio.CancelledError:
+            if self._drop is None:  # the server is shutting down
+                raise
+            self._task.uncancel()  # our own cancel (slow client, expired session): end it cleanly
+            await self._fail(self._drop.code, self._drop.message)
         except Exception:
             log.exception("session %s failed", self.session_id)
             await self._fail(p.ErrorCode.INTERNAL, "internal server error")
         finally:
             await self._cleanup()
 
+    def _end_session(self, code: str, message: str) -> None:
+        """Ends the session from outside the reader (the sender, a timer): cancels the reader,
+        whose ``run`` then sends the fatal error and cleans up."""
+        if self._drop is None and self._task is not None and not self._task.done():
+            log.warning("session %s: ending it: %s", self.session_id, message)
+            self._drop = p.ProtocolError(code, message)
+            self._task.cancel()
+
     async def _serve(self) -> None:
         while True:
-            timeout = START_TIMEOUT_S if self.session is None else None
+            timeout = self.config.start_timeout_s if self.session is None else None
             try:
                 message = await asyncio.wait_for(self.ws.receive(), timeout)
             except asyncio.TimeoutError:
@@ -74,6 +100,11 @@ class SocketHandler:
             except p.ProtocolError as error:
                 if error.is_fatal:
                     raise
+                if error.code == p.ErrorCode.RATE_LIMITED:
+                    now = asyncio.get_running_loop().time()
+                    if now - self._last_rate_error < RATE_ERROR_INTERVAL_S:
+                        continue  # dropped quietly: one answer per second is enough
+                    self._last_rate_error = now
                 await self._send_now(p.error_message(error.code, error.message))
 
     async def _handle(self, message: dict) -> None:
@@ -87,9 +118,17 @@ class SocketHandler:
             if self.session is None:
                 raise p.ProtocolError(p.ErrorCode.NOT_STARTED, "send 'start' before audio")
             p.check_audio_frame(data)
+            if not self._audio.take(len(data) / 2 / self.session.input_rate_hz):
+                raise p.ProtocolError(p.ErrorCode.RATE_LIMITED,
+                                      f"audio arrives faster than {self.config.max_audio_speed:g}x real time "
+                                      "(server.max_audio_speed); frames are dropped")
             self.session.num_audio_bytes_in += len(data)
             self.session.conversation.push_audio(np.frombuffer(data, dtype="<i2"), self.session.input_rate_hz)
             return
+        if not self._messages.take():
+            raise p.ProtocolError(p.ErrorCode.RATE_LIMITED,
+                                  f"more than {self.config.max_messages_per_s:g} messages per second "
+                                  "(server.max_messages_per_s); messages are dropped")
         request = p.parse_client_text(text or "")
         if isinstance(request, p.Start):
             await self._start(request)
@@ -128,9 +167,16 @@ class SocketHandler:
             self.session_id = self.registry.acquire()
         except SessionLimitReached as error:
             raise p.ProtocolError(p.ErrorCode.BUSY, str(error)) from None
+        SESSION.set(self.session_id)  # log lines of this connection (and of threads started here) name it
+        self.metrics.on_session_opened()
         conversation = await asyncio.to_thread(self.factory.open, persona)  # starts threads: off the loop
-        self.session = Session(self.session_id, conversation, persona, request.sample_rate,
-                               asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        self.session = Session(self.session_id, conversation, persona, request.sample_rate, loop,
+                               stall_timeout_s=self.config.stall_timeout_s)
+        self._expiry = loop.call_later(self.config.max_session_s, self._end_session, p.ErrorCode.SESSION_EXPIRED,
+                                       f"a session lasts at most {self.config.max_session_s:g} s "
+                                       "(server.max_session_s); start a new one")
+        log.info("session %s started (persona %s, input %d Hz)", self.session_id, persona, request.sample_rate)
         await self._send_now({"type": "ready", "version": p.VERSION, "session": self.session_id,
                               "persona": persona, "personas": self.factory.persona_names(),
                               "input_sample_rate": request.sample_rate, "audio_format": "pcm16le",
@@ -139,12 +185,30 @@ class SocketHandler:
 
     # --- writing ----------------------------------------------------------------------------
 
+    def _note(self, message: dict) -> None:
+        """Every JSON message out passes here once: errors and finished turns feed the metrics."""
+        kind = message.get("type")
+        if kind == "error":
+            self.metrics.on_error(message.get("code", "unknown"))
+        elif kind == "turn":
+            self.metrics.on_turn_done(message.get("waterfall") or {})
+
     async def _send_now(self, message: dict) -> None:
         """Replies to the client's own messages; before the sender starts, or through it after."""
         if self._sender is None:
-            await self.ws.send_text(p.encode(message))
+            self._note(message)
+            await asyncio.wait_for(self.ws.send_text(p.encode(message)), self.config.send_timeout_s)
         else:
             await self.session.outbox.put(message)
+
+    async def _send(self, send, payload) -> None:
+        """One write; a client that has not read for send_timeout_s (its buffers are full) is dropped."""
+        try:
+            await asyncio.wait_for(send(payload), self.config.send_timeout_s)
+        except asyncio.TimeoutError:
+            self._end_session(p.ErrorCode.SLOW_CLIENT,
+                              f"the client read nothing for {self.config.send_timeout_s:g} s (server.send_timeout_s)")
+            raise _Closed from None
 
     async def _send_loop(self) -> None:
         session = self.session
@@ -157,21 +221,28 @@ class SocketHandler:
                     header, pcm = item
                     if session.is_stale(header):
                         continue
-                    await self.ws.send_text(p.encode(header))
-                    await self.ws.send_bytes(pcm)
+                    await self._send(self.ws.send_text, p.encode(header))
+                    await self._send(self.ws.send_bytes, pcm)
                 else:
-                    await self.ws.send_text(p.encode(item))
-        except (WebSocketDisconnect, RuntimeError):  # the socket closed under us: the reader ends too
+                    self._note(item)
+                    await self._send(self.ws.send_text, p.encode(item))
+        except (WebSocketDisconnect, RuntimeError, _Closed):  # the socket closed under us: the reader ends too
             pass
 
     async def _fail(self, code: str, message: str) -> None:
+        """A fatal error: say why (unless the client cannot even read that), then close."""
+        if self._sender is not None:
+            self._sender.cancel()
+        self.metrics.on_error(code)
+        log.info("session %s: closing with %s: %s", self.session_id, code, message)
         with contextlib.suppress(Exception):
-            if self._sender is not None:
-                self._sender.cancel()
-            await self.ws.send_text(p.encode(p.error_message(code, message)))
-            await self.ws.close(code=p.CLOSE_CODES.get(code, 1008), reason=message[:120])
+            await asyncio.wait_for(self.ws.send_text(p.encode(p.error_message(code, message))), 2.0)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ws.close(code=p.CLOSE_CODES.get(code, 1008), reason=message[:120]), 2.0)
 
     async def _cleanup(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
         if self._sender is not None:
             self._sender.cancel()
             with contextlib.suppress(BaseException):
@@ -180,5 +251,7 @@ class SocketHandler:
             await asyncio.to_thread(self.session.close)  # joins threads: never on the loop
         if self.session_id is not None:
             self.registry.release(self.session_id)
+            self.metrics.on_session_closed()
+            log.info("session %s ended", self.session_id)
         with contextlib.suppress(Exception):
-            await self.ws.close()
+            await asyncio.wait_for(self.ws.close(), 2.0)
