@@ -1,0 +1,454 @@
+"""Bad input over a real socket, against the real pipeline (Silero VAD, turn logic, chunker, stages,
+session pump) with scripted models: each bad input gets its error code, the server then serves a
+normal turn, and every pipeline, thread and LLM slot comes back to its baseline."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from app.config import AppConfig, ServerConfig
+from app.server.app import create_app
+from app.server.runner import BackgroundServer
+from pipeline.asr import ASRResult
+from pipeline.config import PipelineConfig
+from pipeline.persona_store import PersonaNotFound, PersonaStore
+from pipeline.pipeline import Pipeline
+
+LIMIT = 256 * 1024  # max_message_bytes here: a 100,000-character text still fits, and is refused for its length
+
+
+class ScriptedGeneration:
+    """Echoes the user's words; ``STALL`` blocks until cancelled, ``LLMFAIL`` raises, ``FLOOD`` talks long."""
+
+    def __init__(self, llm: "ScriptedLLM", user: str):
+        self.llm, self.user = llm, user
+        self.cancelled = threading.Event()
+        with llm.lock:
+            llm.active += 1
+
+    def __iter__(self):
+        try:
+            if "STALL" in self.user:
+                self.cancelled.wait(60)  # a backend that stops producing (cancel still works)
+                return
+            if "LLMFAIL" in self.user:
+                raise ConnectionError("scripted LLM failure")
+            words = ("Lots of words here, all of them spoken slowly. " * 40).split() if "FLOOD" in self.user \
+                else f"You said: {self.user}.".split()
+            for i, word in enumerate(words):
+                if self.cancelled.is_set():
+                    return
+                yield word if i == 0 else " " + word
+        finally:
+            with self.llm.lock:
+                self.llm.active -= 1
+
+    def cancel(self):
+        self.cancelled.set()
+
+
+class ScriptedLLM:
+    """An LLMBackend that also keeps per-session "slots" like our engine (freed by end_session)."""
+
+    name = "scripted"
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.active = 0
+        self.sessions: set[str] = set()
+
+    def generate(self, messages, sampling, session=None):
+        if session:
+            with self.lock:
+                self.sessions.add(session)
+        return ScriptedGeneration(self, messages[-1]["content"])
+
+    def count_tokens(self, messages):
+        return sum(len(m["content"].split()) + 4 for m in messages)
+
+    @property
+    def context_length(self):
+        return 2048
+
+    def end_session(self, session):
+        with self.lock:
+            self.sessions.discard(session)
+
+    def close(self):
+        pass
+
+
+class ScriptedTTS:
+    """0.1 s per word; 10 s per chunk of a FLOOD answer; raises on the word "kaboom"."""
+
+    name = "scripted"
+    sample_rate = 16000
+
+    def synthesize(self, text, speaking_rate=1.0):
+        if "kaboom" in text.lower():
+            raise RuntimeError("scripted TTS failure")
+        n = 160_000 if "slowly" in text else 1600 * len(text.split())
+        yield np.full(n, 300, np.int16)
+
+
+class SilentTranscriber:
+    """Whatever the audio, nothing intelligible: audio exercises VAD and turn-taking, not answers."""
+
+    def transcribe(self, audio, language="en"):
+        return ASRResult(text="")
+
+
+class ScriptedModels:
+    """A ConversationFactory: a real Pipeline per session over scripted models."""
+
+    def __init__(self, vad_path):
+        self.llm = ScriptedLLM()
+        self.personas = PersonaStore()
+        self.vad_path = vad_path
+        self.tts = ScriptedTTS()
+        self.lock = threading.Lock()
+        self.open_pipelines: set[Pipeline] = set()
+        self.num_opened = 0
+
+    def persona_names(self):
+        return self.personas.names()
+
+    def default_persona(self):
+        return "nova"
+
+    def open(self, persona):
+        try:
+            self.personas.get(persona)
+        except PersonaNotFound as error:
+            raise KeyError(str(error)) from error
+        with self.lock:
+            self.num_opened += 1
+            session = f"t{self.num_opened}"
+        pipeline = Pipeline(llm=self.llm, tts=lambda voice: self.tts, personas=self.personas, persona=persona,
+                            transcriber=SilentTranscriber(), vad_model_path=self.vad_path,
+                            config=PipelineConfig(), session=session)
+        factory = self
+        original_close = pipeline.close
+
+        def close():
+            original_close()
+            with factory.lock:
+                factory.open_pipelines.discard(pipeline)
+
+        pipeline.close = close
+        with self.lock:
+            self.open_pipelines.add(pipeline)
+        return pipeline
+
+    def close(self):
+        for pipeline in list(self.open_pipelines):
+            pipeline.close()
+
+
+def make_server(vad_path, **server_settings) -> BackgroundServer:
+    settings = dict(max_sessions=4, max_message_bytes=LIMIT, start_timeout_s=2.0, stall_timeout_s=1.5,
+                    send_timeout_s=1.0)
+    settings.update(server_settings)
+    config = AppConfig(server=ServerConfig(**settings))
+    factory = ScriptedModels(vad_path)
+    app = create_app(config, factory, with_ui=False)
+    server = BackgroundServer(app, max_message_bytes=config.server.max_message_bytes)
+    server.factory, server.registry, server.metrics = factory, app.state.registry, app.state.metrics
+    return server
+
+
+@pytest.fixture(scope="module")
+def server(silero_vad_path):
+    with make_server(silero_vad_path) as running:
+        yield running
+        running.factory.close()
+
+
+def num_threads() -> int:
+    """Threads, leaving out the event loop's worker pool (bounded and reused, not per session)."""
+    return sum(not t.name.startswith("asyncio_") for t in threading.enumerate())
+
+
+def wait_idle(server, baseline_threads: int | None = None, timeout_s: float = 30.0) -> None:
+    """No session, no pipeline, no generation, no held LLM slot, and no more threads than before."""
+    deadline = time.monotonic() + timeout_s
+    factory = server.factory
+    while time.monotonic() < deadline:
+        threads_ok = baseline_threads is None or num_threads() <= baseline_threads
+        if (server.registry.num_open == 0 and not factory.open_pipelines and factory.llm.active == 0
+                and not factory.llm.sessions and threads_ok):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"not idle: sessions {server.registry.num_open}, pipelines {len(factory.open_pipelines)}, "
+                         f"generations {factory.llm.active}, slots {factory.llm.sessions}, "
+                         f"threads {sorted(t.name for t in threading.enumerate())}")
+
+
+@pytest.fixture
+def baseline(server):
+    wait_idle(server)
+    return num_threads()
+
+
+def start(ws, **extra) -> dict:
+    ws.send(json.dumps({"type": "start", "version": 1, "sample_rate": 16000, **extra}))
+    ready = json.loads(ws.recv(timeout=30))
+    assert ready["type"] == "ready", ready
+    return ready
+
+
+def next_error(ws, timeout_s: float = 15.0) -> dict:
+    """The next error message (state, vad and other messages on the way are skipped)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        message = ws.recv(timeout=max(0.1, deadline - time.monotonic()))
+        if isinstance(message, str) and (data := json.loads(message))["type"] == "error":
+            return data
+
+
+def turn(ws, text: str = "ping") -> list[dict]:
+    """A typed turn, to its "turn" message; the JSON messages of that turn."""
+    ws.send(json.dumps({"type": "text", "text": text}))
+    seen = []
+    while True:
+        message = ws.recv(timeout=30)
+        if isinstance(message, bytes):
+            continue
+        seen.append(json.loads(message))
+        if seen[-1]["type"] == "turn":
+            return seen
+
+
+def assert_normal_turn(ws) -> None:
+    seen = turn(ws, "ping")
+    reply = "".join(m["text"] for m in seen if m["type"] == "assistant_delta")
+    assert reply == "You said: ping.", seen
+    assert not [m for m in seen if m["type"] == "error"], seen
+    assert any(m["type"] == "audio" for m in seen)
+
+
+def closed_with(ws) -> int:
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            ws.recv(timeout=30)
+    return closed.value.rcvd.code if closed.value.rcvd else None
+
+
+def pcm(samples) -> bytes:
+    return np.asarray(samples, dtype="<i2").tobytes()
+
+
+SQUARE = pcm(np.where(np.arange(32000) % 40 < 20, 32767, -32768))  # 2 s of full-scale clipping
+NOISE = pcm(np.random.default_rng(0).integers(-32768, 32768, 32000))
+
+# After "start": bad input -> a non-fatal error with this code; the same session then answers normally.
+AFTER_START = [
+    ("not json", "bad_json"),
+    ("[1, 2]", "bad_json"),
+    ('"just a string"', "bad_json"),
+    ("null", "bad_json"),
+    ("", "bad_json"),
+    ("{", "bad_json"),
+    ("[" * 100_000, "bad_json"),  # deeper than the parser's stack
+    (json.dumps({"type": "dance"}), "bad_message"),
+    (json.dumps({}), "bad_message"),
+    (json.dumps({"type": 5}), "bad_message"),
+    (json.dumps({"type": "text"}), "bad_message"),
+    (json.dumps({"type": "text", "text": 5}), "bad_message"),
+    (json.dumps({"type": "text", "text": "   "}), "bad_message"),
+    (json.dumps({"type": "text", "text": "x" * 100_000}), "bad_message"),
+    ('{"type": "text", "text": "\\ud800"}', "bad_message"),  # a lone surrogate no UTF-8 answer can carry
+    (json.dumps({"type": "played", "gen": -1, "samples": 3}), "bad_message"),
+    (json.dumps({"type": "played", "gen": 1, "samples": "3"}), "bad_message"),
+    (json.dumps({"type": "played", "gen": True, "samples": 3}), "bad_message"),
+    ('{"type": "played", "gen": NaN, "samples": 1}', "bad_message"),
+    ('{"type": "played", "gen": 1, "samples": Infinity}', "bad_message"),
+    (json.dumps({"type": "persona", "persona": "nobody"}), "unknown_persona"),
+    (json.dumps({"type": "persona", "persona": "n" * 10_000}), "unknown_persona"),
+    (json.dumps({"type": "persona", "persona": None}), "bad_message"),
+    (json.dumps({"type": "persona", "persona": "../../etc/passwd"}), "unknown_persona"),
+    (json.dumps({"type": "start", "sample_rate": 16000}), "already_started"),
+    (b"\x01\x02\x03", "bad_audio"),
+    (b"\x01", "bad_audio"),
+]
+
+
+@pytest.mark.parametrize("message, code", AFTER_START, ids=[f"{i}-{c}" for i, (_, c) in enumerate(AFTER_START)])
+def test_bad_message_after_start(server, baseline, message, code):
+    with connect(server.ws_url) as ws:
+        start(ws)
+        ws.send(message)
+        error = next_error(ws)
+        assert error["code"] == code and error["fatal"] is False and error["message"], error
+        assert_normal_turn(ws)
+    wait_idle(server, baseline)
+
+
+# Before "start": refused with a code; a valid "start" on the same socket still works.
+BEFORE_START = [
+    (json.dumps({"type": "text", "text": "hello"}), "not_started"),
+    (b"\x00\x00", "not_started"),
+    (json.dumps({"type": "start", "sample_rate": 100}), "bad_message"),
+    (json.dumps({"type": "start", "sample_rate": 10 ** 9}), "bad_message"),
+    (json.dumps({"type": "start", "sample_rate": "16000"}), "bad_message"),
+    ('{"type": "start", "sample_rate": Infinity}', "bad_message"),
+    (json.dumps({"type": "start"}), "bad_message"),
+    (json.dumps({"type": "start", "sample_rate": 16000, "format": "mp3"}), "bad_message"),
+    (json.dumps({"type": "start", "sample_rate": 16000, "version": "1"}), "bad_message"),
+    (json.dumps({"type": "start", "sample_rate": 16000, "persona": "nobody"}), "unknown_persona"),
+    (json.dumps({"type": "start", "sample_rate": 16000, "persona": 7}), "bad_message"),
+]
+
+
+@pytest.mark.parametrize("message, code", BEFORE_START, ids=[f"{i}-{c}" for i, (_, c) in enumerate(BEFORE_START)])
+def test_bad_message_before_start(server, baseline, message, code):
+    with connect(server.ws_url) as ws:
+        ws.send(message)
+        error = next_error(ws)
+        assert error["code"] == code and error["fatal"] is False, error
+        start(ws)
+        assert_normal_turn(ws)
+    wait_idle(server, baseline)
+
+
+@pytest.mark.parametrize("name, audio, rate", [
+    ("full-scale clipping", SQUARE, 16000),
+    ("white noise at the int16 extremes", NOISE, 16000),
+    ("8 kHz, the lowest rate", NOISE[:16000], 8000),
+    ("192 kHz, the highest rate", NOISE, 192000),
+    ("one-sample frames", pcm([32767]) * 400, 16000),
+])
+def test_odd_but_valid_audio_is_taken_without_errors(server, baseline, name, audio, rate):
+    with connect(server.ws_url) as ws:
+        start(ws, sample_rate=rate)
+        step = 4000 if len(audio) > 800 else 2
+        for i in range(0, len(audio), step):
+            ws.send(audio[i:i + step])
+        for _ in range(10):  # a second of silence ends whatever the VAD heard
+            ws.send(pcm(np.zeros(rate // 10)))
+        seen = turn(ws, "ping")
+        assert not [m for m in seen if m["type"] == "error"], seen
+        assert "".join(m["text"] for m in seen if m["type"] == "assistant_delta") == "You said: ping."
+    wait_idle(server, baseline)
+
+
+def test_message_flood_is_rate_limited_and_the_session_goes_on(server, baseline):
+    with connect(server.ws_url) as ws:
+        start(ws)
+        for _ in range(400):
+            ws.send(json.dumps({"type": "played", "gen": 0, "samples": 0}))
+        error = next_error(ws)
+        assert error["code"] == "rate_limited" and not error["fatal"]
+        time.sleep(1.5)  # the bucket refills
+        assert_normal_turn(ws)
+    wait_idle(server, baseline)
+
+
+def test_audio_faster_than_the_limit_is_rate_limited(server, baseline):
+    with connect(server.ws_url) as ws:
+        start(ws, sample_rate=8000)
+        for _ in range(40):  # 80 s of audio at once; the limit allows a 60 s burst
+            ws.send(pcm(np.zeros(16000)))
+        error = next_error(ws)
+        assert error["code"] == "rate_limited" and "max_audio_speed" in error["message"]
+        assert_normal_turn(ws)
+    wait_idle(server, baseline)
+
+
+@pytest.mark.parametrize("size, code", [(LIMIT + 2, "message_too_large"), (5 * LIMIT, None)])
+def test_oversized_frames_close_the_session(server, baseline, size, code):
+    with connect(server.ws_url, max_size=None) as ws:
+        start(ws)
+        ws.send(b"\x00" * size)
+        if code:  # within 4x the limit: a JSON error, then close 1009
+            error = next_error(ws)
+            assert error["code"] == code and error["fatal"] is True
+        assert closed_with(ws) == 1009  # beyond 4x: the transport refuses it before buffering
+    with connect(server.ws_url) as ws:
+        start(ws)
+        assert_normal_turn(ws)
+    wait_idle(server, baseline)
+
+
+@pytest.mark.parametrize("first, code, close_code", [
+    (json.dumps({"type": "start", "version": 99, "sample_rate": 16000}), "unsupported_version", 4000),
+    (None, "not_started", 1008),  # nothing at all within start_timeout_s
+])
+def test_fatal_before_start(server, baseline, first, code, close_code):
+    with connect(server.ws_url) as ws:
+        if first is not None:
+            ws.send(first)
+        error = next_error(ws)
+        assert error["code"] == code and error["message"]
+        assert closed_with(ws) == close_code
+    with connect(server.ws_url) as ws:
+        start(ws)
+        assert_normal_turn(ws)
+    wait_idle(server, baseline)
+
+
+def test_foreign_origin_is_refused(server, baseline):
+    with connect(server.ws_url, origin="http://evil.example") as ws:
+        assert next_error(ws)["code"] == "forbidden_origin"
+        assert closed_with(ws) == 4003
+    wait_idle(server, baseline)
+
+
+def test_a_client_vanishing_mid_turn_frees_everything(server, baseline):
+    with connect(server.ws_url, max_size=None) as ws:
+        start(ws)
+        ws.send(json.dumps({"type": "text", "text": "FLOOD"}))
+        while not (isinstance(m := ws.recv(timeout=30), str) and json.loads(m)["type"] == "audio"):
+            pass
+        ws.socket.shutdown(socket.SHUT_RDWR)  # no close handshake
+    wait_idle(server, baseline)
+    with connect(server.ws_url) as ws:
+        start(ws)
+        assert_normal_turn(ws)
+
+
+def test_a_client_that_never_reads_is_dropped(server, baseline):
+    """Backpressure: queues are bounded, and a client that reads nothing for send_timeout_s (1 s
+    here) loses its session instead of the server buffering its answers forever."""
+    with connect(server.ws_url, max_size=None) as ws:
+        start(ws)
+        ws.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        for _ in range(4):
+            ws.send(json.dumps({"type": "text", "text": "FLOOD please"}))
+        deadline = time.monotonic() + 60
+        while server.registry.num_open and time.monotonic() < deadline:  # without reading a byte
+            time.sleep(0.1)
+        assert server.registry.num_open == 0, "the slow client still holds its session"
+        assert server.metrics.errors.labels(code="slow_client")._value.get() >= 1
+        ws.socket.shutdown(socket.SHUT_RDWR)
+    wait_idle(server, baseline)
+    with connect(server.ws_url) as ws:
+        start(ws)
+        assert_normal_turn(ws)
+    wait_idle(server, baseline)
+
+
+def test_a_session_past_its_time_limit_is_closed(silero_vad_path):
+    with make_server(silero_vad_path, max_session_s=1.0) as running:
+        with connect(running.ws_url) as ws:
+            start(ws)
+            assert_normal_turn(ws)
+            error = next_error(ws)
+            assert error["code"] == "session_expired" and error["fatal"] is True
+            assert closed_with(ws) == 1001
+        wait_idle(running)
+
+
+def test_metrics_count_errors_by_code(server):
+    import httpx
+
+    body = httpx.get(server.url + "/metrics", timeout=30).text
+    assert 'voxlane_errors_total{code="bad_json"}' in body
+    assert "voxlane_sessions_opened_total" in body and "process_resident_memory_bytes" in body
