@@ -1,0 +1,92 @@
+"""Faults inside the pipeline, over a real socket: a TTS that raises or stalls, an LLM that raises
+or stalls past server.stall_timeout_s, a remote LLM server that refuses connections and then comes
+back. Each ends the turn cleanly (an error with a code, then the turn's "turn" message) and the
+next turn of the same session works."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from fastapi import FastAPI
+from websockets.sync.client import connect
+
+from app.openai_api import openai_router
+from app.server.runner import BackgroundServer, free_port
+from engine.remote import RemoteBackend, RemoteSettings
+from tests.app.test_hardening import ScriptedLLM, ScriptedTTS, assert_normal_turn, make_server, start, turn, wait_idle
+
+
+class FreezingTTS(ScriptedTTS):
+    """Stalls for 3 s on the word "freeze" (a synthesis cannot be cancelled mid-call)."""
+
+    def synthesize(self, text, speaking_rate=1.0):
+        if "freeze" in text.lower():
+            time.sleep(3.0)
+        yield from super().synthesize(text, speaking_rate)
+
+
+@pytest.fixture(scope="module")
+def server(silero_vad_path):
+    with make_server(silero_vad_path, stall_timeout_s=1.0) as running:
+        running.factory.tts = FreezingTTS()
+        yield running
+        running.factory.close()
+
+
+def ended_with_error(seen: list[dict]) -> dict:
+    """The turn's error; the turn ended (its "turn" message came last) and the state went back to listening."""
+    errors = [m for m in seen if m["type"] == "error"]
+    assert len(errors) >= 1 and all(not e["fatal"] for e in errors), seen
+    assert seen[-1]["type"] == "turn" and seen[-1]["gen"] == errors[0]["gen"], seen
+    return errors[0]
+
+
+@pytest.mark.parametrize("text, code, stage", [
+    ("please say kaboom", "pipeline_error", "tts"),  # the TTS raises
+    ("LLMFAIL now", "pipeline_error", "llm"),  # the LLM raises before its first token
+    ("STALL now", "timeout", "llm"),  # the LLM stops producing: the watchdog ends the turn
+    ("freeze now", "timeout", "tts"),  # the TTS stops producing
+])
+def test_a_failing_stage_ends_the_turn_and_the_next_turn_works(server, text, code, stage):
+    wait_idle(server)
+    with connect(server.ws_url, max_size=None) as ws:
+        start(ws)
+        error = ended_with_error(turn(ws, text))
+        assert error["code"] == code and error["stage"] == stage, error
+        if code == "timeout":
+            assert error["message"].startswith("Sorry")  # shown to the user as the apology
+        assert_normal_turn(ws)
+    wait_idle(server)  # the stalled generation was cancelled, its slot and the session's threads freed
+
+
+@pytest.fixture(scope="module")
+def remote_server(silero_vad_path):
+    """Our server with the remote (OpenAI-compatible) backend pointed at a port nobody listens on yet."""
+    port = free_port()
+    settings = RemoteSettings(f"http://127.0.0.1:{port}/v1", "scripted", timeout_s=5.0, max_retries=2, backoff_s=0.1)
+    with make_server(silero_vad_path) as running:
+        running.factory.llm = RemoteBackend(settings)
+        running.remote_port = port
+        yield running
+        running.factory.close()
+        running.factory.llm.close()
+
+
+def test_remote_llm_refusing_connections_then_recovering(remote_server):
+    upstream_llm = ScriptedLLM()
+    upstream = FastAPI()
+    upstream.include_router(openai_router(upstream_llm, "scripted"))
+    with connect(remote_server.ws_url, max_size=None) as ws:
+        start(ws)
+        error = ended_with_error(turn(ws, "ping"))  # refused, retried with backoff, then given up cleanly
+        assert error["code"] == "pipeline_error" and error["stage"] == "llm"
+        assert "connect" in error["message"].lower() or "refused" in error["message"].lower(), error
+        with BackgroundServer(upstream, port=remote_server.remote_port):
+            assert_normal_turn(ws)  # the remote server is up: the same session answers again
+            assert_normal_turn(ws)
+    deadline = time.monotonic() + 30
+    while remote_server.registry.num_open and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert remote_server.registry.num_open == 0 and not remote_server.factory.open_pipelines
+    assert upstream_llm.active == 0
