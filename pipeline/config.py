@@ -19,6 +19,7 @@ class VADConfig:
     """Silero VAD on 32 ms frames at 16 kHz, and how its probabilities become turns."""
 
     threshold: float = 0.5  # speech probability that starts speech
+    pause_threshold: float = 0.25  # probability that already pauses playback (tentatively: a blip resumes it)
     neg_threshold: float = 0.35  # below this a frame is silence (hysteresis against flicker)
     pre_roll_ms: int = 256  # audio kept from before the onset: Whisper needs the first phoneme
     onset_gap_ms: int = 160  # silence that ends a not-yet-confirmed onset (a cough, a click)
@@ -28,6 +29,8 @@ class VADConfig:
         check(0.05 <= self.threshold <= 0.95, "threshold", f"must be in [0.05, 0.95], got {self.threshold}")
         check(0.0 < self.neg_threshold <= self.threshold, "neg_threshold",
               f"must be in (0, threshold], got {self.neg_threshold}")
+        check(0.0 < self.pause_threshold <= self.threshold, "pause_threshold",
+              f"must be in (0, threshold], got {self.pause_threshold}")
         check(0 <= self.pre_roll_ms <= 2000, "pre_roll_ms", f"must be in [0, 2000], got {self.pre_roll_ms}")
         check(32 <= self.onset_gap_ms <= 1000, "onset_gap_ms", f"must be in [32, 1000], got {self.onset_gap_ms}")
         check(32 <= self.pause_ms <= 3000, "pause_ms", f"must be in [32, 3000], got {self.pause_ms}")

@@ -63,7 +63,7 @@ class VADStage(Stage):
         prob = self.vad(samples)
         state_before = self.detector.state
         # The persona is read only when a new onset may begin (the detector ignores it otherwise).
-        may_begin = state_before == "idle" and prob >= self.detector.config.threshold
+        may_begin = state_before == "idle" and prob >= self.detector.config.pause_threshold
         events = self.detector.update(prob, self.endpointing() if may_begin else None)
         self._num_samples += FRAME_SAMPLES
         if self.detector.is_voiced:

@@ -47,4 +47,15 @@ def test_speech_after_a_pause_resumes_the_turn():
 
 def test_silence_and_low_noise_make_no_events():
     assert run([0.0] * 100) == []
-    assert run([0.3, 0.45, 0.2, 0.49] * 25) == []
+    assert run([0.1, 0.2, 0.05, 0.24] * 25) == []  # under pause_threshold: not even a pause
+
+
+def test_doubtful_frames_pause_playback_but_never_start_a_turn():
+    events = [e for _, e in run([0.3, 0.45, 0.2, 0.49, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0] * 10)]
+    assert "start" not in events and events.count("onset") == events.count("blip") > 0
+
+
+def test_an_early_onset_frame_below_threshold_pauses_one_frame_sooner():
+    events = run([0.0] * 3 + [0.27, 0.61] + [0.95] * 20 + [0.0] * frames(600))
+    assert events[0] == (3, "onset")  # at the 0.27 frame, before the first frame over 0.5
+    assert [e for _, e in events] == ["onset", "start", "pause", "end"]
