@@ -89,8 +89,10 @@ class WhisperTranscriber:
         avg_logprob = result.scores[0] * len(ids) / (len(ids) + 1)  # scores are length-normalized
         return Segment(text, float(result.no_speech_prob), float(avg_logprob), float(ratio))
 
-    def transcribe(self, audio: np.ndarray, language: str | None = "en") -> ASRResult:
-        """``audio``: 16 kHz mono float32. Greedy (or beam) decoding, no timestamps, no context."""
+    def transcribe(self, audio: np.ndarray, language: str | None = "en", is_partial: bool = False) -> ASRResult:
+        """``audio``: 16 kHz mono float32. Greedy (or beam) decoding, no timestamps, no context.
+        A partial never takes the slow 30 s fallback: audio cut mid-word loops more often, and a
+        partial that costs 0.8 s would delay the final behind it. It is just skipped."""
         if len(audio) < 1600:  # under 0.1 s: nothing a person says fits
             return ASRResult("")
         with self._lock:
@@ -99,6 +101,8 @@ class WhisperTranscriber:
                 if segment is not None:
                     text, dropped = keep_segments([segment], self.config)
                     return ASRResult(text, [segment], dropped)
+                if is_partial:
+                    return ASRResult("", [], ["partial skipped: looked like a decoder loop"])
             segments, _ = self.model.transcribe(
                 audio.astype(np.float32, copy=False),
                 language=None if self.is_english_only else language,

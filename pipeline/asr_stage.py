@@ -88,7 +88,7 @@ class ASRStage(Stage):
         if not (self.config.is_partial_enabled and due and frame.is_speech and self._inbox.qsize() <= 3):
             return
         self._last_partial_at = self._num_samples
-        result = self.transcriber.transcribe(self._buffer(), self.language())
+        result = self.transcriber.transcribe(self._buffer(), self.language(), is_partial=True)
         if result.text and not self.is_stale(frame.gen):
             yield Transcript(gen=frame.gen, text=result.text, is_final=False)
 

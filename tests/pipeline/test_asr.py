@@ -66,3 +66,16 @@ def test_short_context_falls_back_on_a_loop(transcriber, say):
 def test_guard_rules(segment, reason):
     found = drop_reason(segment, ASRConfig())
     assert (found is None) if reason is None else (found == reason)
+
+
+def test_a_partial_never_takes_the_slow_fallback(transcriber, say):
+    audio, _ = say("Why is the sky blue?", "flite")
+    calls = []
+    original = transcriber.model.transcribe
+    transcriber.model.transcribe = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        for cut in range(4000, len(audio), 1600):  # every 0.1 s, as partials would see the buffer
+            transcriber.transcribe(audio[:cut], is_partial=True)
+    finally:
+        transcriber.model.transcribe = original
+    assert calls == []
