@@ -66,6 +66,9 @@ class TurnRecord:
 
 @dataclass
 class ConversationResult:
+    """What a run produced: the turns, the virtual speaker (with the played audio), barge-in
+    measurements and every output frame in order."""
+
     turns: list[TurnRecord]
     player: VirtualPlayer
     barge_in_stop_ms: list[float]  # true onset of interrupting speech -> playback stopped (input audio ms)

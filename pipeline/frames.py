@@ -16,6 +16,8 @@ import numpy as np
 
 @dataclass
 class Frame:
+    """Anything that moves through the pipeline; ``gen`` is the turn it belongs to."""
+
     gen: int
 
 
