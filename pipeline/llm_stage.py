@@ -85,8 +85,8 @@ class LLMStage(Stage):
         self.history.begin(gen, user)
         chunker = SpeakableChunker(self.chunker_config, persona.speech)
         self.book.mark(gen, "llm_request")
-        self.book.set(gen, "prompt_tokens", self.backend.count_tokens(messages))
         generation = self.backend.generate(messages, persona.sampling, self.session)
+        self.book.set(gen, "prompt_tokens", self.backend.count_tokens(messages))  # counted while it prefills
         with self._lock:
             self._active = (gen, generation)
         if self.is_stale(gen):  # interrupted between the check in the loop and registering
