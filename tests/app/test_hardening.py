@@ -171,9 +171,13 @@ def server(silero_vad_path):
         running.factory.close()
 
 
+PROCESS_WIDE_THREADS = ("asyncio_", "AnyIO worker thread", "tqdm_monitor")
+
+
 def num_threads() -> int:
-    """Threads, leaving out the event loop's worker pool (bounded and reused, not per session)."""
-    return sum(not t.name.startswith("asyncio_") for t in threading.enumerate())
+    """Threads, leaving out bounded, reused pools and process-wide singletons (the event loop's and
+    AnyIO's worker pools, tqdm's monitor): what is left is per session."""
+    return sum(not t.name.startswith(PROCESS_WIDE_THREADS) for t in threading.enumerate())
 
 
 def wait_idle(server, baseline_threads: int | None = None, timeout_s: float = 30.0) -> None:

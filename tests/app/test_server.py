@@ -68,3 +68,48 @@ def test_extra_routes_need_the_access_token_when_one_is_set():
         assert httpx.get(running.url + "/v1/models", timeout=30).status_code == 401
         authorized = httpx.get(running.url + "/v1/models", headers={"Authorization": "Bearer s3cret"}, timeout=30)
         assert authorized.status_code == 200 and authorized.json() == {"data": []}
+
+
+def test_metrics_endpoint_counts_sessions_and_needs_the_token_when_set():
+    import json
+
+    from websockets.sync.client import connect
+
+    from app.config import ServerConfig
+
+    config = AppConfig(server=ServerConfig(access_token="s3cret"))
+    with BackgroundServer(create_app(config, ScriptedFactory(), with_ui=False)) as running:
+        assert httpx.get(running.url + "/metrics", timeout=30).status_code == 401
+        with connect(running.ws_url + "?token=s3cret") as ws:
+            ws.send(json.dumps({"type": "start", "sample_rate": 16000}))
+            assert json.loads(ws.recv(timeout=30))["type"] == "ready"
+            ws.send(json.dumps({"type": "text", "text": "hi"}))
+            while True:
+                message = ws.recv(timeout=30)
+                if isinstance(message, str) and json.loads(message)["type"] == "turn":
+                    break
+        response = httpx.get(running.url + "/metrics", headers={"Authorization": "Bearer s3cret"}, timeout=30)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    assert "voxlane_sessions_opened_total 1.0" in response.text
+    assert 'voxlane_turns_total{kind="text"} 1.0' in response.text
+
+
+def test_server_log_lines_name_their_session():
+    import io
+    import json
+    import logging
+
+    from websockets.sync.client import connect
+
+    from app.logs import setup_logging
+
+    stream = io.StringIO()
+    handler = setup_logging("INFO", stream=stream)
+    try:
+        with BackgroundServer(create_app(AppConfig(), ScriptedFactory(), with_ui=False)) as running:
+            with connect(running.ws_url) as ws:
+                ws.send(json.dumps({"type": "start", "sample_rate": 16000}))
+                session = json.loads(ws.recv(timeout=30))["session"]
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert f'session={session} msg="session {session} started (persona nova, input 16000 Hz)"' in stream.getvalue()
