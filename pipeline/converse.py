@@ -64,7 +64,9 @@ def load_models(args: argparse.Namespace, config: PipelineConfig) -> PipelineMod
         llm = TransformersBackend(model_store.resolve(args.llm, "llm"), num_threads=2)
     transcriber = WhisperTranscriber(model_store.resolve(args.asr, "asr"), config.asr)
     tts = TTSProvider(lambda spec: model_store.resolve(spec, "tts"), config.tts.fallback)
-    return PipelineModels(llm, tts, transcriber, model_store.resolve("silero-vad", "vad"))
+    from pipeline.vad import SileroModel
+
+    return PipelineModels(llm, tts, transcriber, SileroModel(model_store.resolve("silero-vad", "vad")))
 
 
 def pick_persona(args: argparse.Namespace) -> Persona | PersonaStore:

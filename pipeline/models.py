@@ -9,6 +9,7 @@ from engine.backend import LLMBackend
 from pipeline.asr import WhisperTranscriber
 from pipeline.persona import Voice
 from pipeline.tts.base import TTSBackend
+from pipeline.vad import SileroModel
 
 
 @dataclass
@@ -18,7 +19,7 @@ class PipelineModels:
     llm: LLMBackend
     tts: Callable[[Voice], TTSBackend]  # usually a pipeline.tts.TTSProvider
     transcriber: WhisperTranscriber | None = None
-    vad_model_path: Path | None = None
+    vad_model_path: Path | SileroModel | None = None  # a loaded SileroModel is shared by all sessions
 
     def warm_up(self, voice: Voice | None = None) -> None:
         """One tiny generation and synthesis, so the first turn is not the one paying for

@@ -30,7 +30,7 @@ from pipeline.playback import PlaybackTracker
 from pipeline.stage import Stage
 from pipeline.tts.base import TTSBackend
 from pipeline.tts_stage import TTSStage
-from pipeline.vad import SileroVAD
+from pipeline.vad import SileroModel, SileroVAD
 from pipeline.vad_stage import VADStage
 from pipeline.waterfall import WaterfallBook
 
@@ -41,14 +41,16 @@ _DROPPED_ON_INTERRUPT = (AudioOut, TextDelta, SpeakChunk)  # an old turn's audio
 class Pipeline:
     """A running voice session. Threads start in the constructor; ``close()`` ends them all.
 
-    ``transcriber`` and ``vad_model_path`` may be None for a text-only session. ``personas`` is a
+    ``transcriber`` and ``vad_model_path`` may be None for a text-only session; ``vad_model_path``
+    may also be a loaded ``SileroModel`` to share between sessions (saves ~12 MB each). ``personas`` is a
     PersonaStore (re-read at every turn) or one fixed Persona. Models may be shared between
     sessions; everything else (VAD state, history, queues) belongs to this session.
     """
 
     def __init__(self, *, llm: LLMBackend, tts: Callable[[Voice], TTSBackend],
                  personas: PersonaStore | Persona, persona: str = "nova",
-                 transcriber: WhisperTranscriber | None = None, vad_model_path: str | Path | None = None,
+                 transcriber: WhisperTranscriber | None = None,
+                 vad_model_path: str | Path | SileroModel | None = None,
                  config: PipelineConfig | None = None, session: str | None = None,
                  on_frame: Callable[[Frame], None] | None = None):
         self.config = config or PipelineConfig()

@@ -30,6 +30,14 @@ def llm(smollm2_dir):
 
 
 @pytest.fixture(scope="session")
+def vad_model(silero_vad_path):
+    """One Silero model for every pipeline in the session, as a server shares it."""
+    from pipeline.vad import SileroModel
+
+    return SileroModel(silero_vad_path)
+
+
+@pytest.fixture(scope="session")
 def engine_llm(smollm2_dir):
     """Our own engine (the app's default backend)."""
     from engine.engine_backend import EngineBackend

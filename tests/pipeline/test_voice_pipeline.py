@@ -19,11 +19,11 @@ from tests.pipeline.wer import wer
 
 
 @pytest.fixture
-def voice_pipeline(transcriber, silero_vad_path):
+def voice_pipeline(transcriber, vad_model):
     backend = FakeBackend(["Sure, here is a scripted answer for you."])
     tts = SilentTTS()
     pipeline = Pipeline(llm=backend, tts=lambda voice: tts, personas=PersonaStore(), persona="nova",
-                        transcriber=transcriber, vad_model_path=silero_vad_path)
+                        transcriber=transcriber, vad_model_path=vad_model)
     pipeline.backend = backend  # for the tests' eyes only
     yield pipeline
     pipeline.close()
