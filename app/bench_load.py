@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
 import shutil
 import subprocess
@@ -43,15 +44,16 @@ class LoadReport:
     def turns_per_s(self) -> float:
         return len(self.turns) / self.wall_s if self.wall_s else 0.0
 
-    def v2v_ms(self, q: float) -> float:
-        values = [t["v2v_ms"] for t in self.turns if t["v2v_ms"] is not None]
+    def v2v_ms(self, q: float, is_spoken: bool = True) -> float:
+        values = [t["v2v_ms"] for t in self.turns if t["v2v_ms"] is not None and t["is_spoken"] == is_spoken]
         return float(np.percentile(values, q)) if values else float("nan")
 
     def summary(self) -> str:
         mib = 1 / (1 << 20)
         return (f"{len(self.turns)}/{self.num_clients * self.num_turns} turns ({self.num_clients} clients x "
                 f"{self.num_turns}) in {self.wall_s:.1f} s: {self.turns_per_s:.2f} turns/s; voice-to-voice under load "
-                f"p50 {self.v2v_ms(50):.0f} ms, p95 {self.v2v_ms(95):.0f} ms; server RSS before "
+                f"p50 {self.v2v_ms(50):.0f} ms, p95 {self.v2v_ms(95):.0f} ms (spoken turns); text-to-voice p50 "
+                f"{self.v2v_ms(50, False):.0f} ms, p95 {self.v2v_ms(95, False):.0f} ms (typed turns); server RSS before "
                 f"{self.rss_before * mib:.0f} MiB, peak {self.rss_peak * mib:.0f} MiB, after "
                 f"{self.rss_after * mib:.0f} MiB; failures: {len(self.failures)}")
 
@@ -80,7 +82,7 @@ def server_rss(http_url: str, token: str = "") -> float:
 
 
 async def _client(url: str, index: int, keyword: str, wav: Path, num_turns: int, is_realtime: bool,
-                  timeout_s: float, persona: str | None, token: str, report: LoadReport) -> None:
+                  timeout_s: float, persona: str | None, token: str, report: LoadReport, num_spoken: int) -> None:
     import websockets
 
     from app.client import collect_turn, start_session, stream_wav
@@ -94,12 +96,18 @@ async def _client(url: str, index: int, keyword: str, wav: Path, num_turns: int,
             await start_session(ws, rate, persona, token, timeout_s)
             for turn in range(num_turns):
                 marks: dict = {}
-                sender = asyncio.create_task(stream_wav(ws, pcm, rate, is_realtime, marks, tail_s=1.0))
-                result = await collect_turn(ws, timeout_s, None, marks)
-                await sender
+                if turn < num_spoken:
+                    sender = asyncio.create_task(stream_wav(ws, pcm, rate, is_realtime, marks, tail_s=1.0))
+                    result = await collect_turn(ws, timeout_s, None, marks)
+                    await sender
+                else:  # a typed turn: the same question as text
+                    await ws.send(json.dumps({"type": "text", "text": f"Tell me one fact about {keyword}."}))
+                    result = await collect_turn(ws, timeout_s, None, marks)
                 ms = result.waterfall.get("ms", {})
-                v2v = ms["first_audio_out"] - ms["speech_end"] if {"first_audio_out", "speech_end"} <= ms.keys() else None
-                report.turns.append({"client": index, "turn": turn, "transcript": result.transcript,
+                origin = "speech_end" if turn < num_spoken else "text_in"
+                v2v = ms["first_audio_out"] - ms[origin] if {"first_audio_out", origin} <= ms.keys() else None
+                report.turns.append({"client": index, "turn": turn, "is_spoken": turn < num_spoken,
+                                     "transcript": result.transcript,
                                      "reply": result.reply, "v2v_ms": v2v, "errors": result.errors,
                                      "audio_samples": int(sum(len(a) for a in result.audio))})
                 if result.errors:
@@ -115,8 +123,11 @@ async def _client(url: str, index: int, keyword: str, wav: Path, num_turns: int,
 
 
 async def run_load(url: str, questions: list[tuple[str, Path]], num_turns: int, *, is_realtime: bool = True,
-                   timeout_s: float = 180.0, persona: str | None = None, token: str = "") -> LoadReport:
-    """All clients at once (one per question); returns the report. ``url`` is the server's /ws."""
+                   timeout_s: float = 180.0, persona: str | None = None, token: str = "",
+                   num_spoken: int | None = None) -> LoadReport:
+    """All clients at once (one per question); returns the report. ``url`` is the server's /ws.
+    The first ``num_spoken`` turns of each client are spoken (all by default), the rest typed."""
+    num_spoken = num_turns if num_spoken is None else num_spoken
     http_url = url.replace("ws://", "http://").replace("wss://", "https://").rsplit("/ws", 1)[0]
     report = LoadReport(len(questions), num_turns)
     report.rss_before = report.rss_peak = await asyncio.to_thread(server_rss, http_url, token)
@@ -129,7 +140,8 @@ async def run_load(url: str, questions: list[tuple[str, Path]], num_turns: int, 
 
     sampler = asyncio.create_task(sample_memory())
     started = time.monotonic()
-    await asyncio.gather(*(_client(url, i, keyword, wav, num_turns, is_realtime, timeout_s, persona, token, report)
+    await asyncio.gather(*(_client(url, i, keyword, wav, num_turns, is_realtime, timeout_s, persona, token, report,
+                                   num_spoken)
                            for i, (keyword, wav) in enumerate(questions)))
     report.wall_s = time.monotonic() - started
     done.set()
@@ -143,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="voxlane bench load", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", help="a running server's WebSocket URL (default: start one here with the config)")
     p.add_argument("--clients", type=int, default=8)
-    p.add_argument("--turns", type=int, default=5, help="spoken turns per client, in one session")
+    p.add_argument("--turns", type=int, default=5, help="turns per client, in one session")
+    p.add_argument("--spoken", type=int, help="how many of each client's turns are spoken WAVs (default: all); "
+                                              "the rest are typed")
     p.add_argument("--fast", action="store_true", help="send audio as fast as possible instead of in real time")
     p.add_argument("--persona", help="persona for every client (default: the server's)")
     p.add_argument("--token", default="", help="access token, if the server requires one")
@@ -156,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         questions = speak_questions(Path(tmp), args.clients)
         if args.url:
             report = asyncio.run(run_load(args.url, questions, args.turns, is_realtime=not args.fast,
-                                          timeout_s=args.timeout, persona=args.persona, token=args.token))
+                                          timeout_s=args.timeout, persona=args.persona, token=args.token,
+                                          num_spoken=args.spoken))
         else:
             report = _with_local_server(args, questions)
     for failure in report.failures:
@@ -186,6 +201,7 @@ def _with_local_server(args, questions) -> LoadReport:
         with BackgroundServer(create_app(config, factory, with_ui=False),
                               max_message_bytes=config.server.max_message_bytes) as server:
             return asyncio.run(run_load(server.ws_url, questions, args.turns, is_realtime=not args.fast,
-                                        timeout_s=args.timeout, persona=args.persona, token=config.server.access_token))
+                                        timeout_s=args.timeout, persona=args.persona, token=config.server.access_token,
+                                        num_spoken=args.spoken))
     finally:
         factory.close()
