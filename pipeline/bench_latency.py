@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 from pipeline.conversation import ConversationRunner, InputAudio
-from pipeline.converse import add_model_arguments, load_models, make_pipeline, pick_persona, pipeline_config
+from pipeline.converse import add_model_arguments, app_config, load_models, make_pipeline, pick_persona
 from pipeline.persona import Persona
 
 QUESTIONS = (
@@ -63,22 +63,13 @@ def end_session(models, session: str) -> None:
 
 
 def turn_figures(turn, text: str) -> dict:
-    from pipeline.asr_guard import normalize
+    from pipeline.wer import word_errors
 
     ms = turn.waterfall.get("ms", {})
-    ref, hyp = normalize(text).split(), normalize(turn.user).split()
+    errors, num_words = word_errors(text, turn.user)
     return {"question": text, "heard": turn.user, "voice_to_voice_ms": turn.voice_to_voice_ms, "ms": ms,
-            "word_errors": _edit_distance(ref, hyp), "words": len(ref), "early_asr": "asr_final" in ms and
+            "word_errors": errors, "words": num_words, "early_asr": "asr_final" in ms and
             ms.get("asr_final", 0) < ms.get("turn_end_detected", 0)}
-
-
-def _edit_distance(ref: list[str], hyp: list[str]) -> int:
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[-1]
 
 
 def main(argv: list[str]) -> int:
@@ -90,10 +81,10 @@ def main(argv: list[str]) -> int:
     add_model_arguments(parser)
     parser.set_defaults(temperature=0.0, max_tokens=40)
     args = parser.parse_args(argv)
-    config = pipeline_config(args)
-    models = load_models(args, config)
-    personas = pick_persona(args)
-    persona: Persona = personas if isinstance(personas, Persona) else personas.get(args.persona)
+    config = app_config(args)
+    models = load_models(config)
+    personas = pick_persona(args, config)
+    persona: Persona = personas if isinstance(personas, Persona) else personas.get(config.personas.default)
     models.warm_up(persona.voice)
     texts = QUESTIONS[: args.questions]
     inputs = synthesize(texts, models, persona.voice)
@@ -103,7 +94,7 @@ def main(argv: list[str]) -> int:
             for index, (text, audio) in enumerate(zip(texts, inputs)):
                 # A new conversation each time: its first turn prefills the whole prompt (the worst case).
                 session = f"bench-{run}-{index}"
-                pipeline = make_pipeline(models, personas, args.persona, config, session=session)
+                pipeline = make_pipeline(models, personas, config.personas.default, config.pipeline, session=session)
                 try:
                     result = ConversationRunner(pipeline).run([audio], is_last_played=False)
                 finally:
@@ -114,10 +105,10 @@ def main(argv: list[str]) -> int:
                     if not args.json:
                         t = turns[-1]
                         print(f"  {t['voice_to_voice_ms']:>7} ms  {text!r} -> {t['heard']!r}", file=sys.stderr)
-        barge = measure_barge_in(models, personas, args.persona, config, persona, args.barge_in)
+        barge = measure_barge_in(models, personas, config.personas.default, config.pipeline, persona, args.barge_in)
     finally:
         models.close()
-    data = report(turns, barge, args)
+    data = report(turns, barge, args, config)
     if args.json:
         print(json.dumps(data, indent=2))
     else:
@@ -148,14 +139,14 @@ def measure_barge_in(models, personas, persona_name, config, persona, count: int
             "samples": stops}
 
 
-def report(turns: list[dict], barge: dict, args) -> dict:
+def report(turns: list[dict], barge: dict, args, config) -> dict:
     v2v = [t["voice_to_voice_ms"] for t in turns if t["voice_to_voice_ms"] is not None]
     stages = {name: summary([t["ms"][name] for t in turns if name in t["ms"]]) for name in STAGES}
     errors, words = sum(t["word_errors"] for t in turns), sum(t["words"] for t in turns)
     return {"conditions": {"load_average": [round(x, 2) for x in os.getloadavg()], "cpu_count": os.cpu_count(),
-                           "asr": args.asr, "llm": args.llm, "llm_backend": args.llm_backend,
-                           "max_tokens": args.max_tokens, "partials": not args.no_partials,
-                           "pause_ms": args.pause_ms},
+                           "asr": config.models.asr, "llm": config.models.llm, "llm_backend": config.llm.backend,
+                           "max_tokens": args.max_tokens, "partials": config.pipeline.asr.is_partial_enabled,
+                           "pause_ms": config.pipeline.vad.pause_ms},
             "voice_to_voice_ms": summary(v2v), "stages_ms_from_vad_speech_end": stages,
             "wer": round(errors / max(1, words), 4), "turns": turns, "barge_in": barge}
 

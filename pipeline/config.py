@@ -38,9 +38,8 @@ class VADConfig:
 
 @dataclass(frozen=True)
 class ASRConfig:
-    """faster-whisper: the model, how it runs, and the guards against invented text."""
+    """How faster-whisper runs, and the guards against invented text. (Which model: ``[models] asr``.)"""
 
-    model: str = "whisper-base"  # a packaged name, a path, or a hub name; the app resolves it
     compute_type: str = "int8"
     cpu_threads: int = 2
     beam_size: int = 1
@@ -59,7 +58,6 @@ class ASRConfig:
     )
 
     def __post_init__(self) -> None:
-        check(bool(self.model.strip()), "model", "must not be empty")
         check(self.compute_type in COMPUTE_TYPES, "compute_type",
               f"must be one of {', '.join(COMPUTE_TYPES)}, got {self.compute_type!r}")
         check(1 <= self.cpu_threads <= 256, "cpu_threads", f"must be in [1, 256], got {self.cpu_threads}")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import ASRConfig, PipelineConfig, VADConfig
+from pipeline.config import PipelineConfig
 from pipeline.conversation import ConversationResult, ConversationRunner, InputAudio
 from pipeline.models import PipelineModels
 from pipeline.persona import Persona
@@ -27,56 +27,54 @@ from pipeline.wavfile import read_wav, write_wav
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--asr", default=ASRConfig().model, help="ASR model: packaged name, path or hub name")
-    parser.add_argument("--llm", default="smollm2-135m-instruct", help="LLM model: packaged name, path or hub name")
-    parser.add_argument("--llm-backend", default="engine", choices=("engine", "transformers"),
-                        help="engine: our own (KV cache kept per session); transformers: the reference")
-    parser.add_argument("--persona", default="nova", help="persona name (a file stem)")
+    """Flags that override the app config (voxlane.toml: ``--config`` before the command, or $VOXLANE_CONFIG)."""
+    parser.add_argument("--asr", help="ASR model: packaged name, path or hub name (default: [models] asr)")
+    parser.add_argument("--llm", help="LLM model: packaged name, path or hub name (default: [models] llm)")
+    parser.add_argument("--llm-backend", choices=("engine", "transformers", "openai"),
+                        help="engine: our own (KV cache kept per session); transformers: the reference; "
+                             "openai: a remote server (default: [llm] backend)")
+    parser.add_argument("--persona", help="persona name, a file stem (default: [personas] default)")
     parser.add_argument("--persona-dir", type=Path, action="append", help="extra persona directory")
     parser.add_argument("--temperature", type=float, help="override the persona's temperature (0 = greedy)")
     parser.add_argument("--max-tokens", type=int, help="override the persona's max_tokens")
     parser.add_argument("--seed", type=int, help="sampling seed")
     parser.add_argument("--no-partials", action="store_true", help="no partial transcripts while speaking")
-    parser.add_argument("--pause-ms", type=int, default=VADConfig().pause_ms,
-                        help="silence after which the answer starts speculatively (committed at the persona's silence_ms)")
+    parser.add_argument("--pause-ms", type=int,
+                        help="silence after which the answer starts speculatively, committed at the persona's "
+                             "silence_ms (default: [pipeline.vad] pause_ms)")
 
 
-def pipeline_config(args: argparse.Namespace) -> PipelineConfig:
-    """The pipeline settings the command line can change (the app reads the rest from voxlane.toml)."""
-    return PipelineConfig(asr=dataclasses.replace(ASRConfig(), model=args.asr, is_partial_enabled=not args.no_partials),
-                          vad=dataclasses.replace(VADConfig(), pause_ms=args.pause_ms))
+def app_config(args: argparse.Namespace):
+    """The app config (voxlane.toml and VOXLANE_* variables) with the command line's overrides."""
+    from app.config import load_config
+
+    config = load_config()
+    models = dataclasses.replace(config.models, **{k: v for k, v in (("asr", args.asr), ("llm", args.llm)) if v})
+    llm = dataclasses.replace(config.llm, backend=args.llm_backend or config.llm.backend)
+    pipeline = config.pipeline
+    if args.no_partials:
+        pipeline = dataclasses.replace(pipeline, asr=dataclasses.replace(pipeline.asr, is_partial_enabled=False))
+    if args.pause_ms is not None:
+        pipeline = dataclasses.replace(pipeline, vad=dataclasses.replace(pipeline.vad, pause_ms=args.pause_ms))
+    personas = dataclasses.replace(config.personas, default=args.persona or config.personas.default)
+    return dataclasses.replace(config, models=models, llm=llm, pipeline=pipeline, personas=personas)
 
 
-def load_models(args: argparse.Namespace, config: PipelineConfig) -> PipelineModels:
-    """Resolves the model specs (packaged, local or hub) and loads everything once."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from app import model_store
-    from pipeline.asr import WhisperTranscriber
-    from pipeline.tts import TTSProvider
+def load_models(config) -> PipelineModels:
+    """Every model, resolved (packaged, local or hub) and loaded once."""
+    from app.voice_models import load_voice_models
 
-    if args.llm_backend == "engine":
-        from engine.engine_backend import EngineBackend  # type: ignore[import-not-found]
-
-        llm = EngineBackend(model_store.resolve(args.llm, "llm"))
-    else:
-        from engine.reference import TransformersBackend
-
-        llm = TransformersBackend(model_store.resolve(args.llm, "llm"), num_threads=2)
-    transcriber = WhisperTranscriber(model_store.resolve(args.asr, "asr"), config.asr)
-    tts = TTSProvider(lambda spec: model_store.resolve(spec, "tts"), config.tts.fallback)
-    from pipeline.vad import SileroModel
-
-    return PipelineModels(llm, tts, transcriber, SileroModel(model_store.resolve("silero-vad", "vad")))
+    return load_voice_models(config)
 
 
-def pick_persona(args: argparse.Namespace) -> Persona | PersonaStore:
+def pick_persona(args: argparse.Namespace, config) -> Persona | PersonaStore:
     """The store (hot reload) unless the command line overrides sampling, then a fixed copy."""
     from pipeline.persona_store import SHIPPED_DIR
 
-    store = PersonaStore([SHIPPED_DIR] + list(args.persona_dir or []))
+    store = PersonaStore([SHIPPED_DIR, config.personas.user_dir] + list(args.persona_dir or []))
     if args.temperature is None and args.max_tokens is None and args.seed is None:
         return store
-    persona = store.get(args.persona)
+    persona = store.get(config.personas.default)
     changes = {k: v for k, v in (("temperature", args.temperature), ("max_tokens", args.max_tokens),
                                  ("seed", args.seed)) if v is not None}
     return dataclasses.replace(persona, sampling=dataclasses.replace(persona.sampling, **changes))
@@ -153,11 +151,11 @@ def main(argv: list[str]) -> int:
         if not path.is_file():
             print(f"voxlane converse: no such file: {path}", file=sys.stderr)
             return 2
-    config = pipeline_config(args)
+    config = app_config(args)
     inputs = [read_input(p) for p in args.inputs]
-    models = load_models(args, config)
-    personas = pick_persona(args)
-    pipeline = make_pipeline(models, personas, args.persona, config)
+    models = load_models(config)
+    personas = pick_persona(args, config)
+    pipeline = make_pipeline(models, personas, config.personas.default, config.pipeline)
     models.warm_up(pipeline.current_persona().voice)
     try:
         result = ConversationRunner(pipeline).run(inputs, args.barge_in_at)

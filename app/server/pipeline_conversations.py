@@ -11,10 +11,9 @@ import logging
 import threading
 import time
 
-from app import model_store
-from app.backends import make_llm_backend
 from app.commands.common import persona_store
 from app.config import AppConfig
+from app.voice_models import load_voice_models
 from pipeline.config import PipelineConfig
 from pipeline.persona_store import PersonaNotFound
 from pipeline.pipeline import Pipeline
@@ -26,20 +25,14 @@ class PipelineConversations:
     """Opens a Pipeline per session over shared, loaded-once models."""
 
     def __init__(self, config: AppConfig, llm_backend: str | None = None, llm=None):
-        from pipeline.asr import WhisperTranscriber
-        from pipeline.tts import TTSProvider
-        from pipeline.vad import SileroModel
-
         self.config = config
         self.pipeline_config: PipelineConfig = config.pipeline
         self.personas = persona_store(config)
-        self.llm = llm if llm is not None else make_llm_backend(config, llm_backend)
-        self.transcriber = WhisperTranscriber(model_store.resolve(config.models.asr, "asr"), self.pipeline_config.asr)
-        # One ONNX session for every conversation (it is stateless; each session's VAD keeps its
-        # own state): ~14 MB saved per session against loading the model per session.
-        self.vad_model = SileroModel(model_store.resolve(config.models.vad, "vad"))
-        self.tts = TTSProvider(resolve=lambda spec: model_store.resolve(spec, "tts"),
-                               fallback=tuple(self.pipeline_config.tts.fallback))
+        models = load_voice_models(config, llm_backend, llm)
+        self.llm = models.llm
+        self.transcriber = models.transcriber
+        self.vad_model = models.vad_model_path  # a loaded SileroModel, shared
+        self.tts = models.tts
         self._ids = itertools.count(1)
         self._open: set[Pipeline] = set()
         self._lock = threading.Lock()

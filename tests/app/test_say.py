@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.app.test_cli import voxlane
-from tests.pipeline.wer import wer
+from pipeline.wer import wer
 
 
 @pytest.fixture(scope="module")

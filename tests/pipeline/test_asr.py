@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.asr_guard import Segment, drop_reason
 from pipeline.config import ASRConfig
-from tests.pipeline.wer import word_errors
+from pipeline.wer import word_errors
 
 SENTENCES = [
     "What is the capital of France?",

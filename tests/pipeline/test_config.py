@@ -9,7 +9,7 @@ from pipeline.schema import SchemaError, build
 
 def test_defaults_are_valid_and_sane():
     config = PipelineConfig()
-    assert config.asr.compute_type == "int8" and config.asr.model == "whisper-base"
+    assert config.asr.compute_type == "int8" and config.asr.beam_size == 1
     assert config.chunker.first_max_words < config.chunker.max_words
     assert config.tts.fallback[0] == "piper"
 
@@ -27,9 +27,9 @@ def test_invalid_values_name_their_field(make, field):
 
 
 def test_builds_from_a_toml_table_and_reports_keys():
-    config = build(PipelineConfig, {"asr": {"model": "whisper-tiny.en", "beam_size": 2},
+    config = build(PipelineConfig, {"asr": {"compute_type": "int8_float32", "beam_size": 2},
                                     "tts": {"fallback": ["flite"]}}, "voxlane.toml", "pipeline")
-    assert config.asr.model == "whisper-tiny.en" and config.asr.beam_size == 2 and config.tts.fallback == ("flite",)
+    assert config.asr.compute_type == "int8_float32" and config.asr.beam_size == 2 and config.tts.fallback == ("flite",)
     with pytest.raises(SchemaError) as error:
         build(PipelineConfig, {"asr": {"beam_size": 99}, "vad": {"bogus": 1}}, "voxlane.toml", "pipeline")
     keys = [key for key, _ in error.value.problems]

@@ -16,7 +16,7 @@ from pipeline.conversation import ConversationRunner, InputAudio
 from pipeline.persona_store import PersonaStore
 from pipeline.pipeline import Pipeline
 from pipeline.wavfile import read_wav
-from tests.pipeline.wer import wer, words
+from pipeline.wer import wer, words
 
 pytestmark = pytest.mark.slow
 

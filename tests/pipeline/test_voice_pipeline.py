@@ -15,7 +15,7 @@ from pipeline.frames import (AudioOut, PlaybackPause, PlaybackResume, SpeechEnde
 from pipeline.persona_store import PersonaStore
 from pipeline.pipeline import Pipeline
 from tests.pipeline.fakes import FakeBackend, SilentTTS
-from tests.pipeline.wer import wer
+from pipeline.wer import wer
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Word error rate: (substitutions + deletions + insertions) / reference words, on normalized text."""
+"""Word error rate: (substitutions + deletions + insertions) / reference words, on normalized text
+(lower case, no punctuation, contractions expanded, small numbers as digits)."""
 from __future__ import annotations
 
 from pipeline.asr_guard import normalize
