@@ -50,11 +50,16 @@ class LoadReport:
 
     def summary(self) -> str:
         mib = 1 / (1 << 20)
+        latency = []
+        if any(t["is_spoken"] for t in self.turns):
+            latency.append(f"voice-to-voice under load p50 {self.v2v_ms(50):.0f} ms, p95 {self.v2v_ms(95):.0f} ms "
+                           "(spoken turns)")
+        if not all(t["is_spoken"] for t in self.turns):
+            latency.append(f"text-to-voice p50 {self.v2v_ms(50, False):.0f} ms, p95 {self.v2v_ms(95, False):.0f} ms "
+                           "(typed turns)")
         return (f"{len(self.turns)}/{self.num_clients * self.num_turns} turns ({self.num_clients} clients x "
-                f"{self.num_turns}) in {self.wall_s:.1f} s: {self.turns_per_s:.2f} turns/s; voice-to-voice under load "
-                f"p50 {self.v2v_ms(50):.0f} ms, p95 {self.v2v_ms(95):.0f} ms (spoken turns); text-to-voice p50 "
-                f"{self.v2v_ms(50, False):.0f} ms, p95 {self.v2v_ms(95, False):.0f} ms (typed turns); server RSS before "
-                f"{self.rss_before * mib:.0f} MiB, peak {self.rss_peak * mib:.0f} MiB, after "
+                f"{self.num_turns}) in {self.wall_s:.1f} s: {self.turns_per_s:.2f} turns/s; {'; '.join(latency)}; "
+                f"server RSS before {self.rss_before * mib:.0f} MiB, peak {self.rss_peak * mib:.0f} MiB, after "
                 f"{self.rss_after * mib:.0f} MiB; failures: {len(self.failures)}")
 
 
