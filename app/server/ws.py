@@ -158,7 +158,9 @@ class SocketHandler:
     async def _start(self, request: p.Start) -> None:
         if self.session is not None:
             raise p.ProtocolError(p.ErrorCode.ALREADY_STARTED, "this socket's session is already started")
-        token = request.token or self.ws.query_params.get("token", "")
+        header = self.ws.headers.get("authorization", "")
+        token = (request.token or self.ws.query_params.get("token", "")
+                 or (header[7:].strip() if header.lower().startswith("bearer ") else ""))
         if not is_token_valid(token, self.config):
             raise p.ProtocolError(p.ErrorCode.UNAUTHORIZED, "a valid access token is required (server.access_token)")
         persona = request.persona or self.factory.default_persona()

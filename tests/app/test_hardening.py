@@ -456,3 +456,19 @@ def test_metrics_count_errors_by_code(server):
     body = httpx.get(server.url + "/metrics", timeout=30).text
     assert 'voxlane_errors_total{code="bad_json"}' in body
     assert "voxlane_sessions_opened_total" in body and "process_resident_memory_bytes" in body
+
+
+def test_access_token_in_the_first_message_the_url_or_a_header(silero_vad_path):
+    with make_server(silero_vad_path, access_token="s3cret") as running:
+        for url, headers, extra in ((running.ws_url, None, {"token": "s3cret"}),
+                                    (running.ws_url + "?token=s3cret", None, {}),
+                                    (running.ws_url, {"Authorization": "Bearer s3cret"}, {})):
+            with connect(url, additional_headers=headers) as ws:
+                start(ws, **extra)
+                assert_normal_turn(ws)
+        for headers, extra in ((None, {}), (None, {"token": "wrong"}), ({"Authorization": "Bearer wrong"}, {})):
+            with connect(running.ws_url, additional_headers=headers) as ws:
+                ws.send(json.dumps({"type": "start", "sample_rate": 16000, **extra}))
+                assert next_error(ws)["code"] == "unauthorized"
+                assert closed_with(ws) == 4001
+        wait_idle(running)
