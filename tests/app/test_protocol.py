@@ -219,7 +219,9 @@ def test_load_8_concurrent_clients_5_turns_each(server, tmp_path):
     engine slots are back to baseline and the process's memory is within 200 MiB of what it was
     after two warm-up rounds (8 sessions, 1 turn each). Measured: RSS grows over the first rounds
     of a fresh process (+106, +66, +27, +3 MiB for rounds of 8x2 typed turns; with
-    MALLOC_ARENA_MAX=2 +87, +40, +4, +1) and then stays flat: allocator arenas and pools, not a leak."""
+    MALLOC_ARENA_MAX=2 +87, +40, +4, +1) and then stays flat — the engine's KV cache is allocated
+    untouched and pages in as longer answers first reach new positions, plus allocator arenas;
+    not a leak (docs/operations.md)."""
     import gc
 
     import psutil
