@@ -1,0 +1,45 @@
+"""``voxlane bench load``'s client side against the real server and pipeline with scripted models
+(fast): 8 concurrent sessions x 5 typed turns, every answer on its own socket, everything freed.
+The real-model load test is in tests/app/test_protocol.py."""
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import pytest
+
+from app.bench_load import main, run_load, speak_questions
+from tests.app.test_hardening import make_server, num_threads, wait_idle
+
+
+@pytest.fixture(scope="module")
+def questions(tmp_path_factory):
+    if not shutil.which("espeak-ng"):
+        pytest.skip("espeak-ng is needed to speak the clients' questions")
+    return speak_questions(tmp_path_factory.mktemp("load"), 8)
+
+
+def test_8_clients_5_turns_each_get_their_own_answers(silero_vad_path, questions):
+    with make_server(silero_vad_path, max_sessions=8) as server:
+        wait_idle(server)
+        threads = num_threads()
+        report = asyncio.run(run_load(server.ws_url, questions, 5, is_realtime=False, num_spoken=0))
+        print("\n" + report.summary())
+        assert not report.failures, report.failures
+        assert len(report.turns) == 40 and report.turns_per_s > 0
+        for turn in report.turns:  # the scripted model echoes: each reply names its own client's keyword
+            keyword = questions[turn["client"]][0]
+            assert turn["reply"] == f"You said: Tell me one fact about {keyword}..", turn
+        assert "40/40 turns (8 clients x 5)" in report.summary() and "text-to-voice p50" in report.summary()
+        assert report.rss_peak >= report.rss_before > 0
+        wait_idle(server, threads)
+        server.factory.close()
+
+
+def test_bench_load_reports_failures_with_its_exit_code(silero_vad_path, capsys):
+    """Spoken turns the scripted transcriber cannot hear time out: reported, exit code 1."""
+    with make_server(silero_vad_path) as server:
+        code = main(["--url", server.ws_url, "--clients", "1", "--turns", "1", "--fast", "--timeout", "2"])
+        server.factory.close()
+    out = capsys.readouterr()
+    assert code == 1 and "FAILED client 0" in out.err and "0/1 turns" in out.out
