@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import logging
 import threading
 
@@ -43,7 +44,9 @@ class Session:
         self._watch = TurnWatch(stall_timeout_s)
         self.num_timeouts = 0
         self._stop = threading.Event()
-        self._pump = threading.Thread(target=self._run, name=f"voxlane-{session_id}-pump", daemon=True)
+        # The pump runs in this connection's context, so its log lines name the session (app/logs.py).
+        self._pump = threading.Thread(target=contextvars.copy_context().run, args=(self._run,),
+                                      name=f"voxlane-{session_id}-pump", daemon=True)
         self._pump.start()
 
     # --- pipeline thread side ---------------------------------------------------------------
@@ -69,8 +72,7 @@ class Session:
                     for message in to_messages(frame):
                         self._put(message)
         except Exception:  # a pump bug must end the session visibly, not hang it
-            log.exception("session %s: output pump failed", self.id)
-            self._put({"type": "error", "code": "internal", "message": "output pump failed", "fatal": True})
+            log.exception("session %s: output pump failed", self.id)  # the sender then ends the session
         finally:
             self._put(CLOSED)
 

@@ -217,7 +217,8 @@ class SocketHandler:
         try:
             while True:
                 item = await session.outbox.get()
-                if item is CLOSED:
+                if item is CLOSED:  # the pump stopped on its own (a bug): end the session visibly
+                    self._end_session(p.ErrorCode.INTERNAL, "the session's output failed (logged)")
                     return
                 if isinstance(item, tuple):
                     header, pcm = item
