@@ -472,3 +472,31 @@ def test_access_token_in_the_first_message_the_url_or_a_header(silero_vad_path):
                 assert next_error(ws)["code"] == "unauthorized"
                 assert closed_with(ws) == 4001
         wait_idle(running)
+
+
+def test_token_bucket_and_turn_watch_on_a_fake_clock():
+    from app.server.limits import TokenBucket, TurnWatch
+    from pipeline import frames as f
+
+    now = [0.0]
+    bucket = TokenBucket(rate=2, burst=4, clock=lambda: now[0])
+    assert [bucket.take() for _ in range(5)] == [True] * 4 + [False]
+    now[0] = 1.0  # two more after a second
+    assert [bucket.take() for _ in range(3)] == [True, True, False]
+
+    watch = TurnWatch(timeout_s=5, clock=lambda: now[0])
+    watch.on_frame(f.Transcript(gen=1, text="hi", is_final=True))
+    now[0] = 5.5
+    assert watch.stalled() is None  # 4.5 s without progress
+    watch.on_frame(f.SpeakChunk(gen=1, index=0, text="Hello"))
+    now[0] = 11.0
+    assert watch.stalled() == (1, "tts") and watch.stalled() is None  # reported once
+    watch.on_frame(f.SpeechEnded(gen=2))
+    now[0] = 20.0
+    assert watch.stalled() == (2, "asr")
+    for done in (f.TurnDone(gen=3, waterfall={}), f.Interrupt(gen=4, reason="user"),
+                 f.Transcript(gen=3, text="", is_final=True)):
+        watch.on_frame(f.Transcript(gen=3, text="hello", is_final=True))
+        watch.on_frame(done)  # a finished, superseded or empty turn is not watched any more
+        now[0] += 100
+        assert watch.stalled() is None
