@@ -28,6 +28,7 @@ class ServerConfig:
     host: str = "127.0.0.1"  # loopback only by default; anything else requires access_token
     port: int = 7860
     max_sessions: int = 8
+    max_connections: int = 64  # open /ws sockets, started or not (a flood of idle sockets gets "busy")
     max_message_bytes: int = 1 << 20  # one WebSocket message (an audio frame or a JSON message)
     access_token: str = ""  # required from clients when set; must be set when host is not loopback
     allowed_origins: tuple[str, ...] = ()  # extra browser Origins allowed besides the server's own
@@ -41,6 +42,8 @@ class ServerConfig:
     def __post_init__(self) -> None:
         check(1 <= self.port <= 65535, "port", f"must be in [1, 65535], got {self.port}")
         check(1 <= self.max_sessions <= 1024, "max_sessions", f"must be in [1, 1024], got {self.max_sessions}")
+        check(self.max_sessions <= self.max_connections <= 65536, "max_connections",
+              f"must be in [max_sessions ({self.max_sessions}), 65536], got {self.max_connections}")
         check(1024 <= self.max_message_bytes <= 64 << 20, "max_message_bytes",
               f"must be in [1024, 64 MiB], got {self.max_message_bytes}")
         for name, low, high in (("start_timeout_s", 1, 3600), ("stall_timeout_s", 0.1, 3600),

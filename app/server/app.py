@@ -24,7 +24,7 @@ def create_app(config: AppConfig, factory: ConversationFactory, with_ui: bool = 
     """Routes declared before the Gradio mount win, so Gradio (at ``/``) never shadows them.
     ``routers`` (e.g. the OpenAI-compatible ``/v1``) need the access token when one is set."""
     app = FastAPI(title="Voxlane", docs_url=None, redoc_url=None, openapi_url=None)
-    registry = SessionRegistry(config.server.max_sessions)
+    registry = SessionRegistry(config.server.max_sessions, config.server.max_connections)
     app.state.registry = registry
     app.state.factory = factory
     metrics = Metrics(engine_stats=engine_stats_of(factory))

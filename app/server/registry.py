@@ -10,10 +10,13 @@ class SessionLimitReached(Exception):
 
 
 class SessionRegistry:
-    """Hands out session ids while there is room; ``release`` gives the place back."""
+    """Hands out session ids while there is room; ``release`` gives the place back. Also counts
+    connections, so a flood of sockets that never start cannot pile up either."""
 
-    def __init__(self, max_sessions: int):
+    def __init__(self, max_sessions: int, max_connections: int | None = None):
         self.max_sessions = max_sessions
+        self.max_connections = max_connections or 8 * max_sessions
+        self.num_connections = 0  # sockets on /ws, started or not (event loop only)
         self._open: set[str] = set()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # the UI thread (healthz) and the event loop both read it

@@ -57,8 +57,18 @@ class SocketHandler:
 
     async def run(self) -> None:
         self._task = asyncio.current_task()
+        self.registry.num_connections += 1
+        try:
+            await self._run()
+        finally:
+            self.registry.num_connections -= 1
+
+    async def _run(self) -> None:
         await self.ws.accept()
         try:
+            if self.registry.num_connections > self.registry.max_connections:
+                raise p.ProtocolError(p.ErrorCode.BUSY, f"{self.registry.max_connections} connections are open "
+                                                        "(server.max_connections)")
             if not is_origin_allowed(self.ws.headers.get("origin"), self.ws.headers.get("host"), self.config):
                 raise p.ProtocolError(p.ErrorCode.FORBIDDEN_ORIGIN,
                                       "this page's origin may not use the server (server.allowed_origins)")

@@ -500,3 +500,23 @@ def test_token_bucket_and_turn_watch_on_a_fake_clock():
         watch.on_frame(done)  # a finished, superseded or empty turn is not watched any more
         now[0] += 100
         assert watch.stalled() is None
+
+
+def test_a_flood_of_idle_connections_is_capped(silero_vad_path):
+    import contextlib
+
+    with make_server(silero_vad_path, max_sessions=2, max_connections=3, start_timeout_s=30.0) as running:
+        with contextlib.ExitStack() as stack:
+            idle = [stack.enter_context(connect(running.ws_url)) for _ in range(3)]  # connected, never started
+            with connect(running.ws_url) as ws:
+                error = next_error(ws)
+                assert error["code"] == "busy" and "max_connections" in error["message"]
+                assert closed_with(ws) == 1013
+            idle[0].close()
+            deadline = time.monotonic() + 10
+            while running.registry.num_connections > 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            with connect(running.ws_url) as ws:  # a place is free again
+                start(ws)
+                assert_normal_turn(ws)
+        wait_idle(running)
