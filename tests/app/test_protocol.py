@@ -249,3 +249,29 @@ def test_load_8_concurrent_clients_5_turns_each(server, tmp_path):
     stats = server.factory.llm.stats()
     assert stats.slots_busy == 0 and stats.slots_held == 0 and stats.waiting == 0
     assert rss_after - rss_before < 200 * 2**20  # measured +116 MiB (04:50, load average 5)
+
+
+def test_clipped_noise_through_the_real_models_then_a_normal_turn(server):
+    """Full-scale noise and clipping go through the real VAD and Whisper without an error (whatever
+    they make of it), and a typed turn right after is answered."""
+    noise = np.random.default_rng(1).integers(-32768, 32768, 32000).astype("<i2")
+    square = np.where(np.arange(32000) % 40 < 20, 32767, -32768).astype("<i2")
+    with connect(server.ws_url, max_size=None) as ws:
+        _start(ws)
+        audio = np.concatenate([noise, square, np.zeros(24000, "<i2")]).tobytes()
+        for i in range(0, len(audio), 640):
+            ws.send(audio[i:i + 640])
+        ws.send(json.dumps({"type": "text", "text": "Say hi."}))
+        seen, gen = [], None
+        while True:
+            message = ws.recv(timeout=180)
+            if isinstance(message, bytes):
+                continue
+            seen.append(json.loads(message))
+            if seen[-1]["type"] == "transcript" and seen[-1]["text"] == "Say hi.":
+                gen = seen[-1]["gen"]
+            if seen[-1]["type"] == "turn" and seen[-1]["gen"] == gen:
+                break
+    assert not [m for m in seen if m["type"] == "error"], seen
+    assert any(m["type"] == "audio" and m["gen"] == gen for m in seen)
+    _wait_idle(server)
