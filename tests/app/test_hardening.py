@@ -20,6 +20,7 @@ from pipeline.asr import ASRResult
 from pipeline.config import PipelineConfig
 from pipeline.persona_store import PersonaNotFound, PersonaStore
 from pipeline.pipeline import Pipeline
+from pipeline.vad import SileroModel
 
 LIMIT = 256 * 1024  # max_message_bytes here: a 100,000-character text still fits, and is refused for its length
 
@@ -111,7 +112,7 @@ class ScriptedModels:
     def __init__(self, vad_path):
         self.llm = ScriptedLLM()
         self.personas = PersonaStore()
-        self.vad_path = vad_path
+        self.vad_model = SileroModel(vad_path)  # one ONNX session shared by every session, as in serve
         self.tts = ScriptedTTS()
         self.lock = threading.Lock()
         self.open_pipelines: set[Pipeline] = set()
@@ -132,7 +133,7 @@ class ScriptedModels:
             self.num_opened += 1
             session = f"t{self.num_opened}"
         pipeline = Pipeline(llm=self.llm, tts=lambda voice: self.tts, personas=self.personas, persona=persona,
-                            transcriber=SilentTranscriber(), vad_model_path=self.vad_path,
+                            transcriber=SilentTranscriber(), vad_model_path=self.vad_model,
                             config=PipelineConfig(), session=session)
         factory = self
         original_close = pipeline.close
