@@ -82,6 +82,7 @@ class LLMEngine:
         self._lock = threading.Condition()
         self._inbox: deque[Sequence] = deque()
         self._cancel_inbox: list[int] = []
+        self._session_drops: list[tuple[str, threading.Event]] = []
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps
         self._tokens_generated = 0
         self._steps = 0
@@ -147,14 +148,21 @@ class LLMEngine:
         return stream.text()
 
     def drop_session(self, session: str) -> None:
-        """Forget a conversation's cached tokens (its slot is reused)."""
-        with self._lock:
+        """Forget a conversation's cached tokens (its slot is reused). With the background thread the
+        stepping thread applies it (the cache is its alone) and this call waits for that."""
+        if self._thread is None:
             self.kv_cache.drop_session(session)
+            return
+        done = threading.Event()
+        with self._lock:
+            self._session_drops.append((session, done))
+            self._lock.notify()
+        done.wait(timeout=10)
 
     # ---- the step loop ----
     @property
     def has_work(self) -> bool:
-        return bool(self._inbox or self._cancel_inbox or self.scheduler.has_work)
+        return bool(self._inbox or self._cancel_inbox or self._session_drops or self.scheduler.has_work)
 
     def step(self) -> None:
         """schedule -> run -> postprocess, once."""
@@ -196,6 +204,10 @@ class LLMEngine:
         with self._lock:
             arrived, self._inbox = list(self._inbox), deque()
             cancels, self._cancel_inbox = self._cancel_inbox, []
+            drops, self._session_drops = self._session_drops, []
+        for session, done in drops:
+            self.kv_cache.drop_session(session)
+            done.set()
         for seq in arrived:
             self.scheduler.add(seq)
         for request_id in cancels:
@@ -222,10 +234,11 @@ class LLMEngine:
             self._finish(seq, "length")
 
     def _finish(self, seq: Sequence, reason: str) -> None:
-        if reason == "length":
-            tail = self._requests[seq.id].stop_filter.flush()
-            if tail:
-                self._requests[seq.id].stream.put(tail)
+        # Text held back as a possible stop-string start is real output once the answer ends
+        # (after a stop-string hit nothing is held).
+        tail = self._requests[seq.id].stop_filter.flush()
+        if tail:
+            self._requests[seq.id].stream.put(tail)
         self.scheduler.finish(seq, reason)
         self._close(seq)
 
@@ -285,6 +298,9 @@ class LLMEngine:
             self._lock.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        for session, done in self._session_drops:
+            self.kv_cache.drop_session(session)
+            done.set()
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.finish(seq, "cancelled")
             self._close(seq)
