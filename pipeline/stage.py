@@ -7,6 +7,7 @@ generation older than the newest ``Interrupt`` are dropped, queued or not.
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import queue
 import threading
@@ -93,7 +94,9 @@ class Stage:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"stage-{self.name}", daemon=True)
+        # The thread runs in its creator's context: a server session's id (app/logs.py) names its log lines.
+        context = contextvars.copy_context()
+        self._thread = threading.Thread(target=context.run, args=(self._run,), name=f"stage-{self.name}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
