@@ -90,3 +90,22 @@ def test_remote_llm_refusing_connections_then_recovering(remote_server):
         time.sleep(0.02)
     assert remote_server.registry.num_open == 0 and not remote_server.factory.open_pipelines
     assert upstream_llm.active == 0
+
+
+def test_a_failing_stage_logs_under_its_session(server):
+    """The pipeline's stage threads run in the session's logging context (app/logs.py)."""
+    import io
+    import logging
+
+    from app.logs import setup_logging
+
+    stream = io.StringIO()
+    handler = setup_logging("INFO", stream=stream)
+    try:
+        with connect(server.ws_url, max_size=None) as ws:
+            session = start(ws)["session"]
+            ended_with_error(turn(ws, "please say kaboom"))
+    finally:
+        logging.getLogger().removeHandler(handler)
+    lines = [line for line in stream.getvalue().splitlines() if "stage tts failed" in line]
+    assert lines and f"session={session} " in lines[0], stream.getvalue()
