@@ -82,3 +82,16 @@ def test_client_without_a_server_says_so():
     done = _client("--url", f"ws://127.0.0.1:{free_port()}/ws", "--text", "hello", "--timeout", "10")
     assert done.returncode == 1
     assert "cannot talk to" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_readme_client_example_runs_as_printed(server, tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    code = readme.split("### From your own code", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert len([line for line in code.splitlines() if line.strip()]) == 15  # the README promises fifteen
+    script = tmp_path / "example.py"
+    script.write_text(code.replace("ws://127.0.0.1:7860/ws", server.ws_url))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip()  # the answer's text, streamed
+    pcm, rate, channels = read_wav(tmp_path / "reply.wav")
+    assert channels == 1 and rate > 0 and len(pcm) > rate // 2 and np.abs(pcm).max() > 1000  # real speech
