@@ -42,9 +42,9 @@ def wait_for(url: str, timeout_s: float = 120) -> None:
 
 @pytest.fixture(scope="module")
 def voxlane_v1():
-    """Voxlane's own OpenAI-compatible API, in another process, on the packaged SmolLM2."""
+    """Voxlane's own OpenAI-compatible API, in another process, on our engine and the packaged SmolLM2."""
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "tests.app.openai_server", str(port), "transformers"],
+    process = subprocess.Popen([sys.executable, "-m", "tests.app.openai_server", str(port), "engine"],
                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for(f"http://127.0.0.1:{port}/v1/models")
