@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from typing import Iterator
 

@@ -100,4 +100,4 @@ def _port_check(host: str, port: int) -> Check:
             return Check("port", True, f"{host}:{port} is free")
         except OSError as error:
             return Check("port", False, f"{host}:{port}: {error.strerror}",
-                         f"stop what uses it, or set VOXLANE_SERVER_PORT / [server] port", required=False)
+                         "stop what uses it, or set VOXLANE_SERVER_PORT / [server] port", required=False)

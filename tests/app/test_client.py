@@ -36,13 +36,12 @@ def server():
 
 
 @pytest.fixture(scope="module")
-def question_wav(tmp_path_factory):
-    if not shutil.which("espeak-ng") or not shutil.which("sox"):
-        pytest.skip("espeak-ng and sox are needed to make the spoken question")
-    folder = tmp_path_factory.mktemp("client")
-    raw, wav = folder / "raw.wav", folder / "question.wav"
-    subprocess.run(["espeak-ng", "-s", "150", "-w", str(raw), "What is the capital of France?"], check=True)
-    subprocess.run(["sox", str(raw), "-r", "44100", "-c", "2", str(wav)], check=True)  # stereo 44.1 kHz: any input works
+def stereo_question_wav(question_wav, tmp_path_factory):
+    """The shared spoken question as 44.1 kHz stereo: the client sends any input format."""
+    if not shutil.which("sox"):
+        pytest.skip("sox is needed to convert the test question (apt-get install sox)")
+    wav = tmp_path_factory.mktemp("client") / "question.wav"
+    subprocess.run(["sox", str(question_wav), "-r", "44100", "-c", "2", str(wav)], check=True)
     return wav
 
 
@@ -52,9 +51,9 @@ def _client(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def test_client_wav_prints_the_turn_and_writes_the_reply(server, question_wav, tmp_path):
+def test_client_wav_prints_the_turn_and_writes_the_reply(server, stereo_question_wav, tmp_path):
     out = tmp_path / "reply.wav"
-    done = _client("--url", server.ws_url, "--wav", str(question_wav), "--out", str(out))
+    done = _client("--url", server.ws_url, "--wav", str(stereo_question_wav), "--out", str(out))
     print(done.stdout, done.stderr)
     assert done.returncode == 0, done.stderr
     assert "you> " in done.stdout and "france" in done.stdout.lower()
@@ -71,8 +70,8 @@ def test_client_text_with_a_persona(server):
     assert reply.strip()
 
 
-def test_client_mic_with_the_device_double(server, question_wav):
-    devices = FileDevices(question_wav, device_rate_hz=48000, tail_s=3.0)
+def test_client_mic_with_the_device_double(server, stereo_question_wav):
+    devices = FileDevices(stereo_question_wav, device_rate_hz=48000, tail_s=3.0)
     args = build_parser().parse_args(["--mic", "--turns", "1"])
     assert asyncio.run(run_mic(server.ws_url, args, devices=devices)) == 0
     assert np.abs(devices.played_audio().astype(np.int32)).max() > 1000

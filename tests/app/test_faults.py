@@ -4,7 +4,6 @@ back. Each ends the turn cleanly (an error with a code, then the turn's "turn" m
 next turn of the same session works."""
 from __future__ import annotations
 
-import json
 import time
 
 import pytest

@@ -4,8 +4,6 @@ for the module."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -25,15 +23,6 @@ def factory():
     made.warm_up()
     yield made
     made.close()
-
-
-@pytest.fixture(scope="module")
-def question_wav(tmp_path_factory):
-    if not shutil.which("espeak-ng"):
-        pytest.skip("espeak-ng is needed to speak the test question")
-    path = tmp_path_factory.mktemp("mic") / "question.wav"
-    subprocess.run(["espeak-ng", "-s", "150", "-w", str(path), "What is the capital of France?"], check=True)
-    return path
 
 
 def test_mic_answers_a_spoken_question_through_a_48k_device(factory, question_wav, capsys):

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import threading
 import time
 
@@ -56,15 +55,6 @@ def server(tmp_path_factory):
         running.factory, running.registry = factory, app.state.registry
         yield running
     factory.close()
-
-
-@pytest.fixture(scope="module")
-def question_wav(tmp_path_factory):
-    if not shutil.which("espeak-ng"):
-        pytest.skip("espeak-ng is needed to speak the test question")
-    path = tmp_path_factory.mktemp("protocol") / "question.wav"
-    subprocess.run(["espeak-ng", "-s", "150", "-w", str(path), "What is the capital of France?"], check=True)
-    return path
 
 
 def _wait_idle(server, baseline_threads: int | None = None, timeout_s: float = 60.0) -> None:

@@ -188,7 +188,6 @@ def test_a_drop_after_tokens_is_not_retried():
 
 def test_a_stalled_server_times_out():
     server = ScriptedServer(["stall"] * 5)
-    started = time.monotonic()
     with pytest.raises(RemoteError):
         list(RemoteBackend(settings(server.url, timeout_s=0.5, max_retries=1)).generate(QUESTION, GREEDY))
     assert server.requests == 2

@@ -17,7 +17,7 @@ def test_prefill_logits_match_transformers(fp32_engine, hf_model):
     with torch.inference_mode():
         reference = hf_model(torch.tensor([ids])).logits[0]  # [T, V]
         # Every position, through the cache path (slot 5, in two chunks of uneven size).
-        model, cache = fp32_engine.model, fp32_engine.kv_cache
+        model = fp32_engine.model
         runner = fp32_engine.runner
         first = runner.prefill(5, ids[:17], 0, want_logits=True)
         last = runner.prefill(5, ids[17:], 17, want_logits=True)

@@ -7,7 +7,6 @@ import dataclasses
 import json
 import time
 
-import numpy as np
 import pytest
 
 from pipeline import converse
