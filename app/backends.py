@@ -19,7 +19,7 @@ def make_llm_backend(config: AppConfig, backend: str | None = None) -> LLMBacken
     if kind == "transformers":
         from engine.reference import TransformersBackend
 
-        return TransformersBackend(model_dir, num_threads=config.llm.num_threads)
+        return TransformersBackend(model_dir, num_threads=config.engine.num_threads or None)  # one knob for both
     from engine.engine_backend import EngineBackend
 
     return EngineBackend(model_dir, config.engine)

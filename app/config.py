@@ -85,7 +85,6 @@ class LLMConfig:
     OpenAI-compatible server (vLLM, llama.cpp server, Ollama) for scale-out."""
 
     backend: str = "engine"
-    num_threads: int = 2
     base_url: str = ""  # for backend = "openai", e.g. http://127.0.0.1:8000/v1
     remote_model: str = ""
     api_key: str = ""
@@ -95,7 +94,6 @@ class LLMConfig:
 
     def __post_init__(self) -> None:
         check(self.backend in LLM_BACKENDS, "backend", f"must be one of {', '.join(LLM_BACKENDS)}, got {self.backend!r}")
-        check(1 <= self.num_threads <= 256, "num_threads", f"must be in [1, 256], got {self.num_threads}")
         check(self.backend != "openai" or self.base_url.startswith(("http://", "https://")), "base_url",
               "must be an http(s) URL when backend is 'openai'")
         check(0 < self.timeout_s <= 600, "timeout_s", f"must be in (0, 600], got {self.timeout_s}")

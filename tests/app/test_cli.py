@@ -42,10 +42,10 @@ def test_chat_refuses_an_unknown_persona_and_an_invalid_config(tmp_path):
     result = voxlane("chat", "--persona", "ghost", "hello")
     assert result.returncode == 2 and "no persona named 'ghost'" in result.stderr
     bad = tmp_path / "voxlane.toml"
-    bad.write_text("[llm]\nnum_threads = 0\n")
+    bad.write_text("[llm]\ntimeout_s = 0\n")
     result = voxlane("--config", str(bad), "chat", "hello")
     assert result.returncode == 2
-    assert "refusing to start" in result.stderr and "llm.num_threads" in result.stderr and str(bad) in result.stderr
+    assert "refusing to start" in result.stderr and "llm.timeout_s" in result.stderr and str(bad) in result.stderr
 
 
 def test_models_list_and_path():
