@@ -88,26 +88,27 @@ def convert_hf_weights(hf: dict[str, Tensor], args: ModelArgs) -> dict[str, Tens
     return out
 
 
-def load_config(model_path: str | Path):
-    """The transformers config of a model directory (or of a .gguf file)."""
+def _from_pretrained(auto_class, model_path: str | Path):
+    """``auto_class.from_pretrained`` on a model directory or a .gguf file, offline."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoConfig
-
     path = Path(model_path)
     if path.suffix == ".gguf":
-        return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    return AutoConfig.from_pretrained(path)
+        return auto_class.from_pretrained(path.parent, gguf_file=path.name)
+    return auto_class.from_pretrained(path)
+
+
+def load_config(model_path: str | Path):
+    """The transformers config of a model directory (or of a .gguf file)."""
+    from transformers import AutoConfig
+
+    return _from_pretrained(AutoConfig, model_path)
 
 
 def load_tokenizer(model_path: str | Path):
     """The HF tokenizer (and chat template) of a model directory or .gguf file."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
-    path = Path(model_path)
-    if path.suffix == ".gguf":
-        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    return AutoTokenizer.from_pretrained(path)
+    return _from_pretrained(AutoTokenizer, model_path)
 
 
 def load_model(model_path: str | Path, dtype: torch.dtype = torch.float32, max_seq_len: int | None = None) -> Transformer:
