@@ -1,6 +1,8 @@
 """Fixtures shared by the front-end tests."""
 from __future__ import annotations
 
+import io
+import logging
 import shutil
 import subprocess
 
@@ -15,3 +17,14 @@ def question_wav(tmp_path_factory):
     path = tmp_path_factory.mktemp("question") / "question.wav"
     subprocess.run(["espeak-ng", "-s", "150", "-w", str(path), "What is the capital of France?"], check=True)
     return path
+
+
+@pytest.fixture
+def log_stream():
+    """Everything logged during the test, as Voxlane's structured key=value lines."""
+    from app.logs import setup_logging
+
+    stream = io.StringIO()
+    handler = setup_logging("INFO", stream=stream)
+    yield stream
+    logging.getLogger().removeHandler(handler)

@@ -94,36 +94,23 @@ def test_metrics_endpoint_counts_sessions_and_needs_the_token_when_set():
     assert 'voxlane_turns_total{kind="text"} 1.0' in response.text
 
 
-def test_server_log_lines_name_their_session():
-    import io
+def test_server_log_lines_name_their_session(log_stream):
     import json
-    import logging
 
     from websockets.sync.client import connect
 
-    from app.logs import setup_logging
-
-    stream = io.StringIO()
-    handler = setup_logging("INFO", stream=stream)
-    try:
-        with BackgroundServer(create_app(AppConfig(), ScriptedFactory(), with_ui=False)) as running:
-            with connect(running.ws_url) as ws:
-                ws.send(json.dumps({"type": "start", "sample_rate": 16000}))
-                session = json.loads(ws.recv(timeout=30))["session"]
-    finally:
-        logging.getLogger().removeHandler(handler)
-    assert f'session={session} msg="session {session} started (persona nova, input 16000 Hz)"' in stream.getvalue()
+    with BackgroundServer(create_app(AppConfig(), ScriptedFactory(), with_ui=False)) as running:
+        with connect(running.ws_url) as ws:
+            ws.send(json.dumps({"type": "start", "sample_rate": 16000}))
+            session = json.loads(ws.recv(timeout=30))["session"]
+    assert f'session={session} msg="session {session} started (persona nova, input 16000 Hz)"' in log_stream.getvalue()
 
 
-def test_the_output_pump_logs_under_its_session():
-    import io
+def test_the_output_pump_logs_under_its_session(log_stream):
     import json
-    import logging
 
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
-
-    from app.logs import setup_logging
 
     class BrokenFactory(ScriptedFactory):
         def open(self, persona):
@@ -131,17 +118,12 @@ def test_the_output_pump_logs_under_its_session():
             conversation.next_frame = lambda timeout_s: 1 / 0  # the pump's own failure, logged by the pump thread
             return conversation
 
-    stream = io.StringIO()
-    handler = setup_logging("INFO", stream=stream)
-    try:
-        with BackgroundServer(create_app(AppConfig(), BrokenFactory(), with_ui=False)) as running:
-            with connect(running.ws_url) as ws:
-                ws.send(json.dumps({"type": "start", "sample_rate": 16000}))
-                session = json.loads(ws.recv(timeout=30))["session"]
-                assert json.loads(ws.recv(timeout=30))["code"] == "internal"
-                with pytest.raises(ConnectionClosed) as closed:
-                    ws.recv(timeout=30)
-                assert closed.value.rcvd.code == 1011
-    finally:
-        logging.getLogger().removeHandler(handler)
-    assert f'logger=app.server.session session={session} msg="session {session}: output pump failed"' in stream.getvalue()
+    with BackgroundServer(create_app(AppConfig(), BrokenFactory(), with_ui=False)) as running:
+        with connect(running.ws_url) as ws:
+            ws.send(json.dumps({"type": "start", "sample_rate": 16000}))
+            session = json.loads(ws.recv(timeout=30))["session"]
+            assert json.loads(ws.recv(timeout=30))["code"] == "internal"
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=30)
+            assert closed.value.rcvd.code == 1011
+    assert f'logger=app.server.session session={session} msg="session {session}: output pump failed"' in log_stream.getvalue()
