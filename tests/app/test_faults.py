@@ -13,7 +13,8 @@ from websockets.sync.client import connect
 from app.openai_api import openai_router
 from app.server.runner import BackgroundServer, free_port
 from engine.remote import RemoteBackend, RemoteSettings
-from tests.app.test_hardening import ScriptedLLM, ScriptedTTS, assert_normal_turn, make_server, start, turn, wait_idle
+from tests.app.scripted_models import ScriptedLLM, ScriptedTTS, make_server
+from tests.app.socket_checks import assert_normal_turn, start, turn, wait_idle
 
 
 class FreezingTTS(ScriptedTTS):

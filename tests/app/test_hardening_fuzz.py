@@ -14,7 +14,8 @@ from hypothesis import strategies as st  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
 from app.server.protocol import ErrorCode  # noqa: E402
-from tests.app.test_hardening import make_server, num_threads, start, wait_idle  # noqa: E402
+from tests.app.scripted_models import make_server  # noqa: E402
+from tests.app.socket_checks import num_threads, start, wait_idle  # noqa: E402
 
 CODES = {v for k, v in vars(ErrorCode).items() if k.isupper()}
 TYPES = ["start", "text", "interrupt", "persona", "played", "dance", "", None, 5]

@@ -9,7 +9,8 @@ import shutil
 import pytest
 
 from app.bench_load import main, run_load, speak_questions
-from tests.app.test_hardening import make_server, num_threads, wait_idle
+from tests.app.scripted_models import make_server
+from tests.app.socket_checks import num_threads, wait_idle
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from app.openai_api import openai_router
 from app.server.app import create_app
 from app.server.pipeline_conversations import PipelineConversations
 from app.server.runner import BackgroundServer
-from tests.app.test_hardening import num_threads
+from tests.app.socket_checks import num_threads, start
 
 pytestmark = pytest.mark.slow
 BACKEND = os.environ.get("VOXLANE_TEST_BACKEND", "engine")
@@ -69,13 +69,6 @@ def _wait_idle(server, baseline_threads: int | None = None, timeout_s: float = 6
                          f"threads {names}")
 
 
-def _start(ws, **extra) -> dict:
-    ws.send(json.dumps({"type": "start", "version": 1, "sample_rate": 16000, **extra}))
-    ready = json.loads(ws.recv(timeout=60))
-    assert ready["type"] == "ready", ready
-    return ready
-
-
 def test_a_spoken_turn_from_a_wav(server, question_wav):
     result = asyncio.run(one_turn(server.ws_url, wav=str(question_wav), timeout=180))
     print(f"\ntranscript {result.transcript!r}; reply {result.reply!r}; "
@@ -92,7 +85,7 @@ def test_a_spoken_turn_from_a_wav(server, question_wav):
 
 def test_interrupt_mid_answer_stops_audio_within_one_chunk(server):
     with connect(server.ws_url, max_size=None) as ws:
-        _start(ws)
+        start(ws, timeout_s=60)
         ws.send(json.dumps({"type": "text", "text": "Tell me a long story about a dragon and a knight."}))
         gen = None
         while gen is None:  # the first audio chunk of the answer
@@ -137,7 +130,7 @@ def test_two_sessions_at_once_keep_their_histories_apart(server):
     def talk(name: str) -> None:
         try:
             with connect(server.ws_url, max_size=None) as ws:
-                ready = _start(ws)
+                ready = start(ws, timeout_s=60)
                 for text in (f"My name is {name}.", "What is my name?"):
                     ws.send(json.dumps({"type": "text", "text": text}))
                     while True:
@@ -166,7 +159,7 @@ def test_a_client_vanishing_mid_answer_frees_everything(server):
     _wait_idle(server)
     baseline = num_threads()
     with connect(server.ws_url, max_size=None) as ws:
-        _start(ws)
+        start(ws, timeout_s=60)
         assert server.factory.num_open == 1
         ws.send(json.dumps({"type": "text", "text": "Tell me a long story about the sea."}))
         while True:  # mid-answer: the model is writing and the voice is speaking
@@ -247,7 +240,7 @@ def test_clipped_noise_through_the_real_models_then_a_normal_turn(server):
     noise = np.random.default_rng(1).integers(-32768, 32768, 32000).astype("<i2")
     square = np.where(np.arange(32000) % 40 < 20, 32767, -32768).astype("<i2")
     with connect(server.ws_url, max_size=None) as ws:
-        _start(ws)
+        start(ws, timeout_s=60)
         audio = np.concatenate([noise, square, np.zeros(24000, "<i2")]).tobytes()
         for i in range(0, len(audio), 640):
             ws.send(audio[i:i + 640])
