@@ -41,17 +41,21 @@ def repeats_itself(text: str, n: int = 4) -> bool:
 
 
 class WhisperTranscriber:
-    """One loaded Whisper model; may be shared by many sessions (calls are serialized: two
-    concurrent decodes on 2 cores would each take twice as long and both be late)."""
+    """One loaded Whisper model, shared by many sessions. At most ``config.num_workers`` calls
+    run at once (CTranslate2 keeps that many model replicas, ``inter_threads``, sharing the
+    weights); more wait their turn, so a burst of sessions ending their turns together does not
+    oversubscribe the cores."""
 
     def __init__(self, model_dir: str | Path, config: ASRConfig | None = None):
         from faster_whisper import WhisperModel
 
         self.config = config or ASRConfig()
         self.model = WhisperModel(str(model_dir), device="cpu", compute_type=self.config.compute_type,
-                                  cpu_threads=self.config.cpu_threads, local_files_only=True)
+                                  cpu_threads=self.config.cpu_threads, num_workers=self.config.num_workers,
+                                  local_files_only=True)
         self.is_english_only = not self.model.model.is_multilingual
-        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(self.config.num_workers)
+        self._tokenizers_lock = threading.Lock()
         self._tokenizers: dict[str, object] = {}
         self.transcribe(np.zeros(16000, np.float32))  # the first call is slow (allocations): not in a turn
 
@@ -59,10 +63,11 @@ class WhisperTranscriber:
         from faster_whisper.tokenizer import Tokenizer
 
         key = language or "en"
-        if key not in self._tokenizers:
-            self._tokenizers[key] = Tokenizer(self.model.hf_tokenizer, not self.is_english_only, task="transcribe",
-                                              language=None if self.is_english_only else key)
-        tokenizer = self._tokenizers[key]
+        with self._tokenizers_lock:  # calls may run in parallel (num_workers)
+            if key not in self._tokenizers:
+                self._tokenizers[key] = Tokenizer(self.model.hf_tokenizer, not self.is_english_only,
+                                                  task="transcribe", language=None if self.is_english_only else key)
+            tokenizer = self._tokenizers[key]
         return tokenizer, list(tokenizer.sot_sequence) + [tokenizer.no_timestamps]
 
     def _short_context(self, audio: np.ndarray, language: str | None) -> Segment | None:
@@ -95,7 +100,7 @@ class WhisperTranscriber:
         partial that costs 0.8 s would delay the final behind it. It is just skipped."""
         if len(audio) < 1600:  # under 0.1 s: nothing a person says fits
             return ASRResult("")
-        with self._lock:
+        with self._slots:
             if self.config.is_short_context and len(audio) < 16000 * (30 - self.config.context_pad_s):
                 segment = self._short_context(audio.astype(np.float32, copy=False), language)
                 if segment is not None:

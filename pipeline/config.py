@@ -41,7 +41,8 @@ class ASRConfig:
     """How faster-whisper runs, and the guards against invented text. (Which model: ``[models] asr``.)"""
 
     compute_type: str = "int8"
-    cpu_threads: int = 2
+    cpu_threads: int = 2  # threads inside one transcription
+    num_workers: int = 1  # transcriptions at once (sessions ending turns together); 1 serializes them
     beam_size: int = 1
     is_short_context: bool = True  # encode only the audio + context_pad_s, not 30 s (see pipeline/asr.py)
     context_pad_s: float = 3.0
@@ -61,6 +62,7 @@ class ASRConfig:
         check(self.compute_type in COMPUTE_TYPES, "compute_type",
               f"must be one of {', '.join(COMPUTE_TYPES)}, got {self.compute_type!r}")
         check(1 <= self.cpu_threads <= 256, "cpu_threads", f"must be in [1, 256], got {self.cpu_threads}")
+        check(1 <= self.num_workers <= 64, "num_workers", f"must be in [1, 64], got {self.num_workers}")
         check(1 <= self.beam_size <= 10, "beam_size", f"must be in [1, 10], got {self.beam_size}")
         check(0.5 <= self.context_pad_s <= 20.0, "context_pad_s", f"must be in [0.5, 20], got {self.context_pad_s}")
         check(200 <= self.partial_interval_ms <= 10000, "partial_interval_ms",

@@ -1,5 +1,5 @@
 """ASR with whisper-base (int8, short-context decoding): WER on clean synthetic speech, nothing
-from silence or noise, and the hallucination guards' rules."""
+from silence or noise, the hallucination guards' rules, and parallel workers (whisper-tiny.en)."""
 from __future__ import annotations
 
 import numpy as np
@@ -79,3 +79,49 @@ def test_a_partial_never_takes_the_slow_fallback(transcriber, say):
     finally:
         transcriber.model.transcribe = original
     assert calls == []
+
+
+def test_parallel_workers_give_each_concurrent_call_its_own_text(say):
+    """``num_workers`` = 2: eight sessions' finals at once (as under load) run two at a time on
+    whisper-tiny.en, and each call gets exactly the text it gets alone: no state is shared."""
+    import threading
+
+    from app import model_store
+    from pipeline.asr import WhisperTranscriber
+
+    transcriber = WhisperTranscriber(model_store.resolve("whisper-tiny.en", "asr"),
+                                     ASRConfig(num_workers=2, cpu_threads=1))
+    clips = [say(f"Tell me one fact about {word}.", "flite")[0]
+             for word in ("river", "guitar", "mountain", "pencil", "tiger", "window", "orange", "castle")]
+    alone = [transcriber.transcribe(clip).text for clip in clips]
+    together, running, most = [None] * len(clips), [0], [0]
+    lock = threading.Lock()
+    original = transcriber._short_context
+
+    def counted(*args, **kwargs):  # how many decodes overlap
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            return original(*args, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    transcriber._short_context = counted
+
+    def transcribe(i: int) -> None:
+        together[i] = transcriber.transcribe(clips[i]).text
+
+    threads = [threading.Thread(target=transcribe, args=(i,)) for i in range(len(clips))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert together == alone and len(set(alone)) == len(clips), (together, alone)
+    assert most[0] == 2, most  # the calls did overlap, never more than the workers
+
+
+def test_num_workers_is_validated():
+    with pytest.raises(ValueError, match="num_workers: must be in"):
+        ASRConfig(num_workers=0)
