@@ -1,7 +1,8 @@
 """The small interface every text-to-speech backend implements."""
 from __future__ import annotations
 
-from typing import Iterator, Protocol, runtime_checkable
+import threading
+from typing import Callable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -10,15 +11,50 @@ class TTSError(RuntimeError):
     """A backend that cannot be loaded or cannot speak; the factory falls back on it."""
 
 
+class Cancel:
+    """Stops one ``synthesize`` call from another thread (barge-in). The backend checks
+    ``is_cancelled`` between chunks and registers ``on_cancel`` callbacks that abort the work in
+    flight (Piper terminates its ONNX run, the command backends kill their process), so a
+    cancelled call ends within a fraction of a chunk and yields nothing more."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._is_cancelled = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    @property
+    def is_cancelled(self) -> bool:
+        return self._is_cancelled
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._is_cancelled:
+                return
+            self._is_cancelled = True
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        """Calls ``callback`` when cancelled (at once if already cancelled)."""
+        with self._lock:
+            if not self._is_cancelled:
+                self._callbacks.append(callback)
+                return
+        callback()
+
+
 @runtime_checkable
 class TTSBackend(Protocol):
     """Speaks text. ``synthesize`` yields mono int16 PCM chunks at ``sample_rate`` as soon as each
-    is ready, so playback can start before the whole text is spoken."""
+    is ready, so playback can start before the whole text is spoken; after ``cancel`` is
+    cancelled it yields nothing more and returns as soon as it can."""
 
     name: str
     sample_rate: int
 
-    def synthesize(self, text: str, speaking_rate: float = 1.0) -> Iterator[np.ndarray]: ...
+    def synthesize(self, text: str, speaking_rate: float = 1.0,
+                   cancel: Cancel | None = None) -> Iterator[np.ndarray]: ...
 
 
 def pcm16_from_wav_bytes(data: bytes) -> tuple[np.ndarray, int]:

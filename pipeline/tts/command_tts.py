@@ -8,7 +8,7 @@ from typing import Iterator
 
 import numpy as np
 
-from pipeline.tts.base import TTSError, pcm16_from_wav_bytes
+from pipeline.tts.base import Cancel, TTSError, pcm16_from_wav_bytes
 
 
 class CommandTTS:
@@ -48,21 +48,34 @@ class CommandTTS:
             cmd += ["-v", self.voice]
         return cmd + ["--", text]
 
-    def _run(self, text: str, speaking_rate: float) -> tuple[np.ndarray, int]:
+    def _run(self, text: str, speaking_rate: float, cancel: Cancel | None = None) -> tuple[np.ndarray, int] | None:
+        """The WAV the command writes; None when ``cancel`` killed it first."""
         try:
-            done = subprocess.run(self._command(text, speaking_rate), capture_output=True, timeout=self.timeout_s)
-        except (OSError, subprocess.TimeoutExpired) as error:
+            process = subprocess.Popen(self._command(text, speaking_rate), stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE)
+        except OSError as error:
             raise TTSError(f"{self.kind} failed: {error}") from error
-        if done.returncode != 0:
-            raise TTSError(f"{self.kind} exited {done.returncode}: {done.stderr.decode(errors='replace')[:200]}")
-        return pcm16_from_wav_bytes(done.stdout)
+        if cancel is not None:
+            cancel.on_cancel(process.kill)  # Popen.kill is a no-op once the process has been reaped
+        try:
+            out, err = process.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired as error:
+            process.kill()
+            process.communicate()
+            raise TTSError(f"{self.kind} failed: {error}") from error
+        if cancel is not None and cancel.is_cancelled:
+            return None
+        if process.returncode != 0:
+            raise TTSError(f"{self.kind} exited {process.returncode}: {err.decode(errors='replace')[:200]}")
+        return pcm16_from_wav_bytes(out)
 
     def _probe_rate(self) -> int:
         # The rate depends on the voice (flite's kal is 8 kHz, espeak-ng is 22,050 Hz): ask once.
         return self._run("a", 1.0)[1]
 
-    def synthesize(self, text: str, speaking_rate: float = 1.0) -> Iterator[np.ndarray]:
+    def synthesize(self, text: str, speaking_rate: float = 1.0, cancel: Cancel | None = None) -> Iterator[np.ndarray]:
         if not text.strip():
             return
-        pcm, _ = self._run(text, speaking_rate)
-        yield pcm
+        result = self._run(text, speaking_rate, cancel)
+        if result is not None:
+            yield result[0]

@@ -11,7 +11,7 @@ from typing import Iterator
 
 import numpy as np
 
-from pipeline.tts.base import TTSError
+from pipeline.tts.base import Cancel, TTSError
 
 
 class CoquiTTS:
@@ -34,8 +34,10 @@ class CoquiTTS:
             raise TTSError(f"Coqui model {model!s} could not load: {error}") from error
         self.sample_rate = int(self.tts.synthesizer.output_sample_rate)
 
-    def synthesize(self, text: str, speaking_rate: float = 1.0) -> Iterator[np.ndarray]:
-        if not text.strip():
+    def synthesize(self, text: str, speaking_rate: float = 1.0, cancel: Cancel | None = None) -> Iterator[np.ndarray]:
+        """Coqui's call cannot be stopped mid-way: a cancel drops its result (our chunks are short)."""
+        if not text.strip() or (cancel is not None and cancel.is_cancelled):
             return
         wav = np.asarray(self.tts.tts(text=text, speed=speaking_rate), dtype=np.float32)
-        yield (np.clip(wav, -1.0, 1.0) * 32767).astype(np.int16)
+        if cancel is None or not cancel.is_cancelled:
+            yield (np.clip(wav, -1.0, 1.0) * 32767).astype(np.int16)

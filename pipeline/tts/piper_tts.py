@@ -1,4 +1,5 @@
-"""Piper (ONNX, VITS) speech: the default voice. Fast on CPU and streams one chunk per sentence."""
+"""Piper (ONNX, VITS) speech: the default voice. Fast on CPU, streams one chunk per sentence, and
+stops mid-sentence when cancelled."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +7,7 @@ from typing import Iterator
 
 import numpy as np
 
-from pipeline.tts.base import TTSError
+from pipeline.tts.base import Cancel, TTSError
 
 
 class PiperTTS:
@@ -42,12 +43,37 @@ class PiperTTS:
         for _ in self.synthesize("Ready."):  # the first run allocates; keep that out of the first turn
             pass
 
-    def synthesize(self, text: str, speaking_rate: float = 1.0) -> Iterator[np.ndarray]:
-        from piper import SynthesisConfig
+    def synthesize(self, text: str, speaking_rate: float = 1.0, cancel: Cancel | None = None) -> Iterator[np.ndarray]:
+        """One chunk per sentence. Runs the ONNX model itself rather than through
+        ``PiperVoice.synthesize`` to pass each run a ``RunOptions`` that ``cancel`` can terminate
+        mid-run: a long sentence takes a second or more here, too long to finish after a barge-in."""
+        import onnxruntime
 
         if not text.strip():
             return
+        cancel = cancel or Cancel()
+        config = self.voice.config
         # Piper's length_scale is a duration multiplier: faster speech means a smaller scale.
-        config = SynthesisConfig(length_scale=1.0 / speaking_rate)
-        for chunk in self.voice.synthesize(text, syn_config=config):
-            yield chunk.audio_int16_array.reshape(-1)
+        scales = np.array([config.noise_scale, 1.0 / speaking_rate, config.noise_w_scale], np.float32)
+        for phonemes in self.voice.phonemize(text):
+            if not phonemes:
+                continue
+            ids = np.array([self.voice.phonemes_to_ids(phonemes)], np.int64)
+            inputs = {"input": ids, "input_lengths": np.array([ids.shape[1]], np.int64), "scales": scales}
+            if config.num_speakers > 1:
+                inputs["sid"] = np.array([config.default_speaker_id], np.int64)
+            options = onnxruntime.RunOptions()
+            cancel.on_cancel(lambda options=options: setattr(options, "terminate", True))
+            if cancel.is_cancelled:
+                return
+            try:
+                audio = self.voice.session.run(None, inputs, options)[0].squeeze()
+            except Exception:
+                if cancel.is_cancelled:  # onnxruntime stops a terminated run with an error
+                    return
+                raise
+            if cancel.is_cancelled:
+                return
+            peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+            audio = audio / peak if peak > 1e-8 else np.zeros_like(audio)  # Piper normalizes each sentence
+            yield np.clip(audio * 32767.0, -32767, 32767).astype(np.int16).reshape(-1)

@@ -88,7 +88,7 @@ class ScriptedTTS:
     name = "scripted"
     sample_rate = 16000
 
-    def synthesize(self, text, speaking_rate=1.0):
+    def synthesize(self, text, speaking_rate=1.0, cancel=None):
         if "kaboom" in text.lower():
             raise RuntimeError("scripted TTS failure")
         n = 160_000 if "slowly" in text else 1600 * len(text.split())

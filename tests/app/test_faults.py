@@ -4,6 +4,7 @@ back. Each ends the turn cleanly (an error with a code, then the turn's "turn" m
 next turn of the same session works."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -18,11 +19,18 @@ from tests.app.socket_checks import assert_normal_turn, start, turn, wait_idle
 
 
 class FreezingTTS(ScriptedTTS):
-    """Stalls for 3 s on the word "freeze" (a synthesis cannot be cancelled mid-call)."""
+    """Stalls on the word "freeze" until its call is cancelled (at most 30 s), and counts the cancels."""
 
-    def synthesize(self, text, speaking_rate=1.0):
+    num_cancelled = 0
+
+    def synthesize(self, text, speaking_rate=1.0, cancel=None):
         if "freeze" in text.lower():
-            time.sleep(3.0)
+            released = threading.Event()
+            cancel.on_cancel(released.set)
+            if not released.wait(30):
+                return
+            FreezingTTS.num_cancelled += 1
+            return
         yield from super().synthesize(text, speaking_rate)
 
 
@@ -57,6 +65,8 @@ def test_a_failing_stage_ends_the_turn_and_the_next_turn_works(server, text, cod
         if code == "timeout":
             assert error["message"].startswith("Sorry")  # shown to the user as the apology
         assert_normal_turn(ws)
+        if stage == "tts" and code == "timeout":  # the stalled synthesis was cancelled, not waited for
+            assert FreezingTTS.num_cancelled == 1
     wait_idle(server)  # the stalled generation was cancelled, its slot and the session's threads freed
 
 

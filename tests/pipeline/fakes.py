@@ -79,7 +79,7 @@ class SilentTTS:
         self.samples_per_word = samples_per_word
         self.fail_on = fail_on
 
-    def synthesize(self, text, speaking_rate=1.0):
+    def synthesize(self, text, speaking_rate=1.0, cancel=None):
         import numpy as np
 
         if self.fail_on and self.fail_on in text:
