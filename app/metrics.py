@@ -64,6 +64,8 @@ class Metrics:
         """Records a finished turn from its waterfall dict (``TurnDone.waterfall``)."""
         ms = waterfall.get("ms", {})
         counts = waterfall.get("counts", {})
+        if counts.get("notice"):  # the server speaking for itself (an apology), not a user's turn
+            return
         self.turns.labels(kind="voice" if waterfall.get("origin") == "speech_end" else "text").inc()
         if counts.get("interrupted"):
             self.interruptions.inc()

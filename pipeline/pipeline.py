@@ -19,7 +19,7 @@ from pipeline.asr import WhisperTranscriber
 from pipeline.asr_stage import ASRStage
 from pipeline.audio import PIPELINE_RATE, Resampler, to_mono_float32
 from pipeline.config import PipelineConfig
-from pipeline.frames import (AudioIn, AudioOut, Frame, Interrupt, SpeakChunk, SpeechEnded, SystemFrame,
+from pipeline.frames import (AssistantDone, AudioIn, AudioOut, Frame, Interrupt, SpeakChunk, SpeechEnded, SystemFrame,
                              TextDelta, TextIn, Transcript, TurnDone)
 from pipeline.generation import GenerationCounter
 from pipeline.history import Exchange, History
@@ -82,7 +82,8 @@ class Pipeline:
                                    self.book, size))
         self._llm = LLMStage(llm, self.current_persona, self._history, self.config.llm, self.config.chunker,
                              self.book, session, size)
-        stages += [self._llm, TTSStage(tts, self.book, self.config.tts.output_sample_rate, size)]
+        self._tts = TTSStage(tts, self.book, self.config.tts.output_sample_rate, size)
+        stages += [self._llm, self._tts]
         for stage, downstream in zip(stages, stages[1:]):
             stage.connect(downstream.put)
         stages[-1].connect(self._deliver)
@@ -119,6 +120,19 @@ class Pipeline:
         """Stop the assistant now (a stop button). Returns the new generation number."""
         gen = self._counter.next()
         self._first.put(Interrupt(gen=gen, reason="user"))
+        return gen
+
+    def speak_notice(self, text: str) -> int:
+        """Stop the assistant and say ``text`` in the persona's voice instead, as a turn of its own
+        (``Interrupt`` reason "notice", then the usual chunk, audio, done and ``TurnDone``): the
+        server's spoken apology for a stalled turn. No LLM, and not part of the history. Returns its gen."""
+        gen = self._counter.next()
+        with self._sink_lock:
+            self._committed.add(gen)  # nothing speculative: play it at once
+        self.book.set(gen, "notice", 1)
+        self._first.put(Interrupt(gen=gen, reason="notice"))  # reaches every stage before the chunk below
+        self._tts.put(SpeakChunk(gen=gen, index=0, text=text, voice=self.current_persona().voice))
+        self._tts.put(AssistantDone(gen=gen, text=text))
         return gen
 
     def report_playback(self, gen: int, played_samples: int) -> None:

@@ -23,6 +23,10 @@ class Conversation(Protocol):
 
     def interrupt(self) -> None: ...
 
+    def speak_notice(self, text: str) -> None:
+        """Stop the assistant and say ``text`` in its voice instead, as a turn of its own (the
+        spoken apology for a stalled turn)."""
+
     def set_persona(self, name: str) -> None:
         """Talk as ``name`` from the next turn on; raises KeyError for an unknown persona."""
 

@@ -29,8 +29,9 @@ class TokenBucket:
 
 class TurnWatch:
     """Follows the turn in flight from the pipeline's output frames. A turn starts when the user's
-    turn is over (``SpeechEnded`` or a final transcript) and ends with ``TurnDone`` or a newer
-    ``Interrupt``; ``stalled`` reports it when no frame of it came for ``timeout_s``."""
+    turn is over (``SpeechEnded`` or a final transcript), or with a spoken notice's ``Interrupt``,
+    and ends with ``TurnDone`` or a newer ``Interrupt``; ``stalled`` reports it when no frame of it
+    came for ``timeout_s``."""
 
     def __init__(self, timeout_s: float, clock=time.monotonic):
         self.timeout_s = timeout_s
@@ -50,7 +51,9 @@ class TurnWatch:
             if gen == self.gen:
                 self.gen = None  # nothing intelligible was said: no answer follows
             return
-        starts = isinstance(frame, f.SpeechEnded) or (isinstance(frame, f.Transcript) and frame.is_final)
+        # A spoken notice (the apology) is a turn with nothing before its speech: watched from its start.
+        starts = (isinstance(frame, f.SpeechEnded) or (isinstance(frame, f.Transcript) and frame.is_final)
+                  or _is_notice(frame))
         if starts and (self.gen is None or gen > self.gen):
             self.gen = gen
         if gen == self.gen:
@@ -64,9 +67,13 @@ class TurnWatch:
         last = self._last_frame
         if isinstance(last, f.SpeechEnded):
             stage = "asr"
-        elif isinstance(last, (f.SpeakChunk, f.AssistantDone)):
+        elif isinstance(last, (f.SpeakChunk, f.AssistantDone)) or _is_notice(last):
             stage = "tts"
         else:
             stage = "llm"
         gen, self.gen = self.gen, None
         return gen, stage
+
+
+def _is_notice(frame: f.Frame | None) -> bool:
+    return isinstance(frame, f.Interrupt) and frame.reason == "notice"

@@ -43,6 +43,7 @@ class Session:
         self._state = StateTracker()
         self._watch = TurnWatch(stall_timeout_s)
         self.num_timeouts = 0
+        self._tts_failed_gen = -1  # the last turn whose speech failed: its apology is shown, not spoken
         self._stop = threading.Event()
         # The pump runs in this connection's context, so its log lines name the session (app/logs.py).
         self._pump = threading.Thread(target=contextvars.copy_context().run, args=(self._run,),
@@ -61,6 +62,8 @@ class Session:
                     continue
                 self._watch.on_frame(frame)
                 self.latest_gen = max(self.latest_gen, frame.gen)
+                if isinstance(frame, f.ErrorFrame) and frame.stage == "tts":
+                    self._tts_failed_gen = frame.gen
                 if isinstance(frame, f.Interrupt):
                     self.min_audio_gen = max(self.min_audio_gen, frame.gen)
                 change = self._state.update(frame)
@@ -77,13 +80,17 @@ class Session:
             self._put(CLOSED)
 
     def _end_stalled_turn(self, gen: int, stage: str) -> None:
-        """A stage stopped producing: say so, cancel the turn (its generation and slot), and close
-        it with a ``turn`` message, so the client is never left waiting in silence."""
+        """A stage stopped producing: show the apology, cancel the turn (its generation and slot,
+        the synthesis in flight), and close it with a ``turn`` message, so the client is never left
+        waiting in silence. The apology is also spoken, as a turn of its own right after, unless
+        the voice itself is what stalled or failed in this turn: then it is only shown."""
         log.warning("session %s: turn %d stalled in %s; ending it", self.id, gen, stage)
         self.num_timeouts += 1
+        apology = "Sorry, I could not answer in time. Please try again."
         self._put({"type": "error", "code": "timeout", "gen": gen, "stage": stage, "fatal": False,
-                   "message": f"Sorry, I could not answer in time (the {stage} stage stalled). Please try again."})
-        self.interrupt()
+                   "message": f"{apology} (The {stage} stage stalled.)"})
+        # The notice's frames come through this pump, so after the stalled turn's "turn" message below.
+        self.interrupt(notice=None if stage == "tts" or self._tts_failed_gen == gen else apology)
         self._put({"type": "turn", "gen": gen, "waterfall": {"gen": gen, "ms": {}, "counts": {"timed_out": 1}}})
         self._state.state = "listening"
         self._put({"type": "state", "gen": gen, "state": "listening"})
@@ -104,10 +111,14 @@ class Session:
 
     # --- event loop side --------------------------------------------------------------------
 
-    def interrupt(self) -> None:
-        """The client asked to stop: drop this turn's queued audio now, then stop the pipeline."""
+    def interrupt(self, notice: str | None = None) -> None:
+        """The client asked to stop (or a stalled turn ends, and ``notice`` is said instead): drop
+        this turn's queued audio now, then stop the pipeline."""
         self.min_audio_gen = max(self.min_audio_gen, self.latest_gen + 1)
-        self.conversation.interrupt()
+        if notice is None:
+            self.conversation.interrupt()
+        else:
+            self.conversation.speak_notice(notice)
 
     def is_stale(self, header: dict) -> bool:
         return header["gen"] < self.min_audio_gen

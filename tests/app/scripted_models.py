@@ -22,7 +22,8 @@ LIMIT = 256 * 1024  # max_message_bytes here: a 100,000-character text still fit
 
 
 class ScriptedGeneration:
-    """Echoes the user's words; ``STALL`` blocks until cancelled, ``LLMFAIL`` raises, ``FLOOD`` talks long."""
+    """Echoes the user's words; ``STALL`` blocks until cancelled (after echoing the words before it),
+    ``LLMFAIL`` raises, ``FLOOD`` talks long."""
 
     def __init__(self, llm: "ScriptedLLM", user: str):
         self.llm, self.user = llm, user
@@ -32,8 +33,10 @@ class ScriptedGeneration:
 
     def __iter__(self):
         try:
-            if "STALL" in self.user:
-                self.cancelled.wait(60)  # a backend that stops producing (cancel still works)
+            if "STALL" in self.user:  # says what comes before the cue, then stops producing (cancel still works)
+                for i, word in enumerate(self.user.split("STALL")[0].split()):
+                    yield word if i == 0 else " " + word
+                self.cancelled.wait(60)
                 return
             if "LLMFAIL" in self.user:
                 raise ConnectionError("scripted LLM failure")

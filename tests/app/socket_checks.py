@@ -52,24 +52,36 @@ def next_error(ws, timeout_s: float = 15.0) -> dict:
 
 
 def turn(ws, text: str = "ping") -> list[dict]:
-    """A typed turn, to its "turn" message; the JSON messages of that turn."""
+    """A typed turn, to its own "turn" message; the JSON messages on the way (a spoken notice's
+    turn that was still finishing included)."""
     ws.send(json.dumps({"type": "text", "text": text}))
-    seen = []
+    return read_turn(ws, text)
+
+
+def read_turn(ws, text: str | None = None) -> list[dict]:
+    """The JSON messages up to the "turn" message of the turn whose final transcript is ``text``
+    (of the next turn of any kind when None); audio PCM frames are skipped."""
+    seen, gen = [], None
     while True:
         message = ws.recv(timeout=30)
         if isinstance(message, bytes):
             continue
-        seen.append(json.loads(message))
-        if seen[-1]["type"] == "turn":
+        seen.append(data := json.loads(message))
+        if data["type"] == "transcript" and data["final"] and data["text"] == text:
+            gen = data["gen"]
+        if data["type"] == "turn" and (text is None or data["gen"] == gen):
             return seen
 
 
-def assert_normal_turn(ws) -> None:
+def assert_normal_turn(ws) -> list[dict]:
+    """A typed "ping" is answered (echoed, spoken, no error); returns the turn's messages."""
     seen = turn(ws, "ping")
-    reply = "".join(m["text"] for m in seen if m["type"] == "assistant_delta")
+    own = [m for m in seen if m.get("gen") == seen[-1]["gen"]]
+    reply = "".join(m["text"] for m in own if m["type"] == "assistant_delta")
     assert reply == "You said: ping.", seen
-    assert not [m for m in seen if m["type"] == "error"], seen
-    assert any(m["type"] == "audio" for m in seen)
+    assert not [m for m in own if m["type"] == "error"], seen
+    assert any(m["type"] == "audio" for m in own)
+    return own
 
 
 def closed_with(ws) -> int:

@@ -15,7 +15,7 @@ from app.openai_api import openai_router
 from app.server.runner import BackgroundServer, free_port
 from engine.remote import RemoteBackend, RemoteSettings
 from tests.app.scripted_models import ScriptedLLM, ScriptedTTS, make_server
-from tests.app.socket_checks import assert_normal_turn, start, turn, wait_idle
+from tests.app.socket_checks import assert_normal_turn, read_turn, start, turn, wait_idle
 
 
 class FreezingTTS(ScriptedTTS):
@@ -68,6 +68,48 @@ def test_a_failing_stage_ends_the_turn_and_the_next_turn_works(server, text, cod
         if stage == "tts" and code == "timeout":  # the stalled synthesis was cancelled, not waited for
             assert FreezingTTS.num_cancelled == 1
     wait_idle(server)  # the stalled generation was cancelled, its slot and the session's threads freed
+
+
+APOLOGY = "Sorry, I could not answer in time. Please try again."
+
+
+def test_an_llm_stall_ends_with_a_spoken_apology(server):
+    """Shown with the timeout error, then spoken in the persona's voice as a turn of its own."""
+    wait_idle(server)
+    with connect(server.ws_url, max_size=None) as ws:
+        start(ws)
+        error = ended_with_error(turn(ws, "STALL now"))
+        assert error["code"] == "timeout" and error["stage"] == "llm" and error["message"].startswith(APOLOGY)
+        notice = read_turn(ws)  # right after the stalled turn's "turn" message
+        gen = notice[-1]["gen"]
+        assert gen > error["gen"] and {"type": "interrupted", "gen": gen, "reason": "notice"} in notice, notice
+        assert [m["text"] for m in notice if m["type"] == "speak_chunk"] == [APOLOGY]
+        audio = [m for m in notice if m["type"] == "audio"]
+        assert audio and all(m["gen"] == gen and m["text"] == APOLOGY for m in audio)
+        assert not [m for m in notice if m["type"] in ("error", "assistant_delta")], notice
+        assert_normal_turn(ws)
+    wait_idle(server)
+
+
+@pytest.mark.parametrize("text, failed", [
+    ("freeze now", None),  # the TTS itself stalled
+    ("kaboom, kaboom, kaboom. then STALL", "tts"),  # the TTS failed on the first sentence, then the LLM stalled
+])
+def test_the_apology_is_only_shown_when_the_voice_stalled_or_failed(server, text, failed):
+    wait_idle(server)
+    with connect(server.ws_url, max_size=None) as ws:
+        start(ws)
+        seen = turn(ws, text)
+        errors = [m for m in seen if m["type"] == "error"]
+        timeout = next(e for e in errors if e["code"] == "timeout")
+        assert timeout["message"].startswith(APOLOGY) and seen[-1] == {**seen[-1], "type": "turn", "gen": timeout["gen"]}
+        if failed:
+            assert [(e["code"], e["stage"]) for e in errors] == [("pipeline_error", failed), ("timeout", "llm")]
+        after = turn(ws, "ping")  # a notice would come before this turn's messages
+        assert not [m for m in after if m.get("reason") == "notice" or m["type"] == "speak_chunk"
+                    and m["gen"] != after[-1]["gen"]], after
+        assert "".join(m["text"] for m in after if m["type"] == "assistant_delta") == "You said: ping."
+    wait_idle(server)
 
 
 @pytest.fixture(scope="module")

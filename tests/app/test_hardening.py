@@ -283,6 +283,9 @@ def test_token_bucket_and_turn_watch_on_a_fake_clock():
         watch.on_frame(done)  # a finished, superseded or empty turn is not watched any more
         now[0] += 100
         assert watch.stalled() is None
+    watch.on_frame(f.Interrupt(gen=9, reason="notice"))  # a spoken notice (the apology) is watched from its start
+    now[0] += 100
+    assert watch.stalled() == (9, "tts")
 
 
 def test_a_flood_of_idle_connections_is_capped(silero_vad_path):
