@@ -6,13 +6,15 @@ from dataclasses import asdict
 
 import torch
 
+from engine.kernels import load_kernels
 from engine.loader import load_model, load_tokenizer
 from engine.quality import QUALITY_PROMPTS, compare
 from engine.quant import quantize_int8
 
 
 def quality_report(model_dir, num_prompts: int = 5, num_tokens: int = 48) -> dict:
-    """{"engine int8": QualityReport dict, "quantize_dynamic int8": ...} on the fixed prompt set."""
+    """{"engine int8": QualityReport dict, "engine int8, pure-torch path": ..., "quantize_dynamic int8": ...}
+    on the fixed prompt set."""
     from transformers import AutoModelForCausalLM
 
     tokenizer = load_tokenizer(model_dir)
@@ -20,9 +22,15 @@ def quality_report(model_dir, num_prompts: int = 5, num_tokens: int = 48) -> dic
                                                   tokenize=True)["input_ids"]) for p in QUALITY_PROMPTS[:num_prompts]]
     stop = {tokenizer.eos_token_id}
     reference = load_model(model_dir, torch.float32)
-    ours = quantize_int8(load_model(model_dir, torch.float32))
-    report = {"engine int8": asdict(compare(reference, ours, prompts, num_tokens, stop))}
-    del ours
+    report = {}
+    paths = {"engine int8": load_kernels(), "engine int8, pure-torch path": None}
+    for name, kernels in paths.items():
+        if name == "engine int8" and kernels is None:
+            continue  # no fused kernels on this machine: the pure-torch row is the engine's
+        ours = load_model(model_dir, torch.float32)
+        ours.kernels = kernels
+        report[name] = asdict(compare(reference, quantize_int8(ours), prompts, num_tokens, stop))
+        del ours
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

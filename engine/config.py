@@ -24,6 +24,7 @@ class EngineConfig:
     prefill_chunk_tokens: int = 256  # prompt tokens per step, so a long prompt never stalls streams
     num_threads: int = 0  # torch.set_num_threads; 0 = leave torch's setting alone
     compile: bool = False  # torch.compile the decode step (measured: see docs/engine.md)
+    kernels: bool = True  # fused C++ decode kernels (engine/kernels.cpp), built once; falls back to torch
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -44,8 +45,9 @@ class EngineConfig:
             raise ValueError(f"prefill_chunk_tokens: must be in [1, 65536], got {self.prefill_chunk_tokens}")
         if not 0 <= self.num_threads <= 512:
             raise ValueError(f"num_threads: must be in [0, 512], got {self.num_threads}")
-        if not isinstance(self.compile, bool):
-            raise ValueError(f"compile: must be true or false, got {self.compile!r}")
+        for name in ("compile", "kernels"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
 
     @property
     def torch_dtype(self):

@@ -20,6 +20,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.kernels import load_kernels
 from engine.kv_cache import KVCache
 from engine.loader import load_config, load_model, load_tokenizer
 from engine.quant import quantize_int8, weight_bytes
@@ -68,6 +69,7 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(model_path)
         hf_config = load_config(model_path)
         self.model = load_model(model_path, self.config.torch_dtype, self.config.max_seq_len)
+        self.model.kernels = load_kernels() if self.config.kernels else None  # None: the pure-torch path
         if self.config.quant == "int8":
             quantize_int8(self.model)
         self.weight_bytes = weight_bytes(self.model)

@@ -54,10 +54,18 @@ def greedy_continuation(model: Transformer, ids: list[int], num_tokens: int, sto
 
 @torch.inference_mode()
 def next_token_logprobs(model: Transformer, ids: list[int], first: int) -> torch.Tensor:
-    """log-softmax of the model's next-token logits at positions first-1 .. len(ids)-1 -> [n, V]."""
-    tokens = torch.tensor([ids])
-    hidden = model(tokens, torch.arange(len(ids))[None])[0, first - 1:]
-    return model.logits(hidden).log_softmax(-1)
+    """log-softmax of the model's next-token logits at positions first-1 .. len(ids)-1 -> [n, V],
+    computed the way generation computes them: the prompt ids[:first] as one prefill, then each
+    later token as a decode step (so the int8 decode path, not only its prefill, is measured)."""
+    from engine.kv_cache import KVCache
+    from engine.runner import ModelRunner
+
+    cache = KVCache(model.args, 1, len(ids) + 1, model.norm.weight.dtype)
+    runner = ModelRunner(model, cache)
+    rows = [runner.prefill(0, ids[:first], 0)]
+    for position in range(first, len(ids)):
+        rows.append(runner.decode([0], [ids[position]], [position])[0])
+    return torch.stack(rows).log_softmax(-1)
 
 
 def compare(reference: Transformer, candidate, encoded_prompts: list[list[int]], num_tokens: int,

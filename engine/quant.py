@@ -36,49 +36,63 @@ def quantize_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class Int8Linear(nn.Module):
-    """y = x @ (int8 W * scale).T + b, computed by ``_weight_int8pack_mm`` with bf16 activations.
+    """y = x @ (int8 W * scale).T + b, for every linear layer; three ways, by input:
 
-    That kernel is a matrix-vector kernel: its cost grows linearly with the rows of x. For prefill
-    chunks (``dequantize_from_rows`` rows or more) the weight is instead dequantized to bf16 for the
-    call and multiplied by the bf16 GEMM, measured 3-5x faster at 64-256 rows (docs/engine.md).
+    * fp32 activations and few rows (decode), when ``kernels`` (engine/kernels.cpp) are loaded:
+      ``voxlane::int8_linear`` reads the int8 weights directly and accumulates in fp32.
+    * otherwise, few rows: ``_weight_int8pack_mm`` with bf16 activations, bf16 out (the pure-torch
+      path, also used for bf16 activations).
+    * ``dequantize_from_rows`` rows or more (prefill chunks): the weight is dequantized to bf16 for
+      the call and multiplied by the bf16 GEMM, measured 3-5x faster at 64-256 rows (docs/engine.md).
     """
 
     dequantize_from_rows = 32
 
-    def __init__(self, weight_int8: Tensor, scales: Tensor, bias: Tensor | None):
+    def __init__(self, weight_int8: Tensor, scales: Tensor, bias: Tensor | None, kernels=None):
         super().__init__()
         self.out_features, self.in_features = weight_int8.shape
+        self.kernels = kernels  # torch.ops.voxlane, or None for the pure-torch path
         self.register_buffer("weight", weight_int8)  # [N, K] int8
-        self.register_buffer("scales", scales.to(torch.bfloat16))  # [N]; the kernel wants bf16 like x
-        self.register_buffer("bias", None if bias is None else bias.to(torch.bfloat16))
+        self.register_buffer("scales", scales.to(torch.bfloat16))  # [N]; _weight_int8pack_mm wants bf16 like x
+        self.register_buffer("scales_f32", self.scales.float())  # the same values for the fp32 kernel
+        self.register_buffer("bias", None if bias is None else bias.float())
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
+    def from_linear(cls, linear: nn.Linear, kernels=None) -> "Int8Linear":
         q, scales = quantize_per_channel(linear.weight.data)
-        return cls(q, scales, None if linear.bias is None else linear.bias.data)
+        return cls(q, scales, None if linear.bias is None else linear.bias.data, kernels)
+
+    def uses_kernel(self, x: Tensor) -> bool:
+        """Whether ``x`` goes through the exact fp32 kernel."""
+        rows = x.numel() // self.in_features
+        return self.kernels is not None and x.dtype == torch.float32 and rows < self.dequantize_from_rows
 
     def forward(self, x: Tensor) -> Tensor:
         dtype = x.dtype
-        # The kernel takes a contiguous bf16 [M, K]; with fp32 activations the cast makes the copy
-        # (the bf16 kernel is ~10x faster than the fp32-activation one, measured).
         x2 = x.reshape(-1, self.in_features)
+        if self.uses_kernel(x):
+            y = self.kernels.int8_linear(x2.contiguous(), self.weight, self.scales_f32, self.bias)
+            return y.view(*x.shape[:-1], self.out_features)
+        # The torch kernels take a contiguous bf16 [M, K]; with fp32 activations the cast makes the
+        # copy (the bf16 kernel is ~10x faster than the fp32-activation one, measured).
         x2 = x2.to(torch.bfloat16) if dtype != torch.bfloat16 else x2.contiguous()
         if x2.shape[0] >= self.dequantize_from_rows:  # prefill: a temporary bf16 weight, then GEMM
             # int8 values are exact in bf16; the scale is applied to the fp32 output, not folded
             # into the weight (that extra bf16 rounding measurably cost agreement).
-            y = torch.mm(x2, self.weight.to(torch.bfloat16).T).float() * self.scales.float()
+            y = torch.mm(x2, self.weight.to(torch.bfloat16).T).float() * self.scales_f32
         else:
             y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, self.scales)  # [M, N] bf16
         if self.bias is not None:
-            y = y + self.bias
+            y = y.float() + self.bias
         return y.view(*x.shape[:-1], self.out_features).to(dtype)
 
 
 class Int8Head(Int8Linear):
-    """The LM head: int8 logits for the whole vocabulary, then the top ``refine_top_k`` recomputed
-    exactly (fp32 activations times the same int8 weights).
+    """The LM head. Through the fp32 kernel its logits are exact for the int8 weights. Through the
+    bf16 kernel, the top ``refine_top_k`` logits are then recomputed exactly (fp32 activations times
+    the same int8 weights).
 
-    Why: the kernel returns bf16, and a logit near 20 in bf16 is only good to +-0.06, enough to swap
+    Why: that kernel returns bf16, and a logit near 20 in bf16 is only good to +-0.06, enough to swap
     two near-tied candidates. Measured on SmolLM2: the int8 head alone agreed with fp32's greedy
     token 0.959 of the time (the first answer token wrong on 1 of 5 prompts); refined, 0.985 and 5/5.
     The refinement costs a top-k and a [k, D] product per row.
@@ -88,9 +102,11 @@ class Int8Head(Int8Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         logits = super().forward(x).float()  # [..., V]
+        if self.uses_kernel(x):
+            return logits
         flat, rows = logits.view(-1, self.out_features), x.reshape(-1, self.in_features).float()  # [M, V], [M, D]
         top = flat.topk(self.refine_top_k, dim=-1).indices  # [M, k]
-        weights = self.weight[top].float() * self.scales[top].float().unsqueeze(-1)  # [M, k, D]
+        weights = self.weight[top].float() * self.scales_f32[top].unsqueeze(-1)  # [M, k, D]
         flat.scatter_(1, top, torch.einsum("mkd,md->mk", weights, rows))
         return logits
 
@@ -106,18 +122,19 @@ class Int8Embedding(nn.Module):
     def forward(self, ids: Tensor) -> Tensor:
         head = self.head[0]
         rows = F.embedding(ids, head.weight).to(self.dtype)  # [..., D]
-        return rows * head.scales[ids].unsqueeze(-1).to(self.dtype)
+        return rows * head.scales_f32[ids].unsqueeze(-1).to(self.dtype)
 
 
 def quantize_int8(model: Transformer) -> Transformer:
-    """Replace every linear (attention, MLP, LM head) with an ``Int8Linear``, in place."""
-    dtype = model.norm.weight.dtype
+    """Replace every linear (attention, MLP, LM head) with an ``Int8Linear``, in place; they use
+    the model's fused kernels (``model.kernels``, set before) for fp32 decode rows."""
+    dtype, kernels = model.norm.weight.dtype, model.kernels
     for block in model.layers:
-        block.attn.qkv = Int8Linear.from_linear(block.attn.qkv)
-        block.attn.o_proj = Int8Linear.from_linear(block.attn.o_proj)
-        block.mlp.gate_up = Int8Linear.from_linear(block.mlp.gate_up)
-        block.mlp.down_proj = Int8Linear.from_linear(block.mlp.down_proj)
-    head = Int8Head.from_linear(model.lm_head)
+        block.attn.qkv = Int8Linear.from_linear(block.attn.qkv, kernels)
+        block.attn.o_proj = Int8Linear.from_linear(block.attn.o_proj, kernels)
+        block.mlp.gate_up = Int8Linear.from_linear(block.mlp.gate_up, kernels)
+        block.mlp.down_proj = Int8Linear.from_linear(block.mlp.down_proj, kernels)
+    head = Int8Head.from_linear(model.lm_head, kernels)
     if model.args.tie_embeddings:
         model.embed = Int8Embedding(head, dtype)
     model.lm_head = head

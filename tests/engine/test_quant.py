@@ -1,11 +1,13 @@
 """INT8 weight-only quantization: quality against fp32 and the memory it saves."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
+from engine.loader import load_model
 from engine.quality import QUALITY_PROMPTS, compare
-from engine.quant import Int8Linear, quantize_per_channel, weight_bytes
+from engine.quant import Int8Linear, quantize_int8, quantize_per_channel, weight_bytes
 
 
 def test_int8_linear_matches_dequantized_weights():
@@ -20,12 +22,19 @@ def test_int8_linear_matches_dequantized_weights():
     assert torch.allclose(y, x @ dequantized.T + linear.bias, atol=0.05, rtol=0.02)
 
 
-def test_int8_quality_and_memory(fp32_engine, int8_engine):
+@pytest.mark.parametrize("path", ["fused kernels", "pure torch"])
+def test_int8_quality_and_memory(fp32_engine, int8_engine, smollm2_dir, path):
     """Greedy top-1 agreement with fp32 >= 0.95 on the fixed prompt set (the benchmark's: 5 prompts,
-    48 tokens each); weights <= 0.35x fp32."""
+    48 tokens each), through the engine's decode path and through the pure-torch fallback;
+    weights <= 0.35x fp32."""
+    if path == "fused kernels":
+        model = int8_engine.model
+        assert model.kernels is not None
+    else:
+        model = quantize_int8(load_model(smollm2_dir, torch.float32, 512))
     prompts = [fp32_engine.encode([{"role": "user", "content": p}]) for p in QUALITY_PROMPTS]
-    report = compare(fp32_engine.model, int8_engine.model, prompts, 48, fp32_engine.eos_ids)
-    print(f"int8 vs fp32: {report}")
+    report = compare(fp32_engine.model, model, prompts, 48, fp32_engine.eos_ids)
+    print(f"int8 ({path}) vs fp32: {report}")
     assert report.top1_agreement >= 0.95
     assert report.first_token_same == 1.0
     assert report.mean_kl < 0.02

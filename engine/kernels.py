@@ -1,0 +1,132 @@
+"""Voxlane's fused CPU kernels (``engine/kernels.cpp``): built once per machine, then loaded.
+
+The decode step of a 135M model is dominated by per-op overhead, so ``kernels.cpp`` fuses each
+layer's decode work into a few ops (see its header). ``load_kernels()`` compiles it with the
+machine's compiler (``torch.utils.cpp_extension``: g++ and ninja, ``-O3 -march=native``) into
+``~/.cache/voxlane/kernels/<key>`` the first time (~10 s) and loads the cached library after that.
+When it cannot be built (no compiler), it returns None with the reason logged, and the engine runs
+its pure-torch path: slower, same results.
+
+Each op has a pure-torch twin below, written for clarity, that the tests compare against.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import threading
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("kernels.cpp")
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # -fopenmp: at::parallel_for's pragmas use torch's OpenMP
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags: ``-march=native`` code is only valid on a CPU that has them."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def build_key() -> str:
+    """Names the build: source, flags, torch version and CPU features (a shared home directory
+    may be used from several machines)."""
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), torch.__version__.encode(), _cpu_flags().encode(),
+                 platform.machine().encode()):
+        digest.update(part)
+    return digest.hexdigest()[:16]
+
+
+def build_dir() -> Path:
+    root = os.environ.get("VOXLANE_KERNELS_DIR") or Path.home() / ".cache" / "voxlane" / "kernels"
+    return Path(root) / build_key()
+
+
+def load_kernels():
+    """``torch.ops.voxlane`` with the fused kernels, building them first if needed; None (and the
+    reason logged once) when they cannot be built here. Thread-safe; builds at most once per process."""
+    with _lock:
+        if "ops" not in _state:
+            _state["ops"], _state["error"] = _build_and_load()
+            if _state["error"]:
+                log.warning("fused kernels unavailable, using the pure-torch path: %s", _state["error"])
+        return _state["ops"]
+
+
+def unavailable_reason() -> str | None:
+    """Why ``load_kernels`` returned None (None when they loaded or were not tried)."""
+    return _state.get("error")  # type: ignore[return-value]
+
+
+def _build_and_load():
+    from torch.utils import cpp_extension
+
+    directory = build_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        cpp_extension.load(name=f"voxlane_kernels_{build_key()}", sources=[str(SOURCE)], extra_cflags=CFLAGS,
+                           build_directory=str(directory), is_python_module=False, verbose=False)
+        return torch.ops.voxlane, None
+    except Exception as error:  # a missing compiler or ninja, a failed build: fall back, say why
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        return None, f"{type(error).__name__}: {first_line}"
+
+
+if __name__ == "__main__":  # ``python -m engine.kernels``: build now (./dev setup does), say where or why not
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    print(f"fused kernels: {build_dir()}" if load_kernels() is not None else "fused kernels: not built")
+
+
+# ---- the pure-torch twins (reference semantics of each kernel) ----
+def int8_linear_reference(x: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None) -> Tensor:
+    """x [M, K] fp32, w [N, K] int8, scale [N] fp32 -> [M, N] fp32."""
+    y = F.linear(x, w.to(x.dtype)) * scale
+    return y + bias if bias is not None else y
+
+
+def add_rms_norm_reference(residual: Tensor, x: Tensor | None, weight: Tensor, eps: float) -> Tensor:
+    """residual += x (in place); returns rms-normed residual times weight."""
+    if x is not None:
+        residual += x
+    return residual * torch.rsqrt(residual.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def silu_mul_reference(gate_up: Tensor) -> Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def decode_attention_reference(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                               slots: Tensor, positions: Tensor, num_heads: int, num_kv_heads: int) -> Tensor:
+    """qkv [B, (H+2Hkv)*d]; cos, sin [B, d]; caches [S, Hkv, L, d] (written at each slot/position);
+    -> attention output [B, H*d] of each sequence over its own keys 0..position."""
+    from engine.model import apply_rope
+
+    B = qkv.shape[0]
+    H, Hkv = num_heads, num_kv_heads
+    d = k_cache.shape[-1]
+    heads = qkv.view(B, 1, H + 2 * Hkv, d)
+    qk = apply_rope(heads[:, :, : H + Hkv], cos[:, None, None], sin[:, None, None])[:, 0]  # [B, H+Hkv, d]
+    out = []
+    for b in range(B):
+        slot, pos = int(slots[b]), int(positions[b])
+        k_cache[slot, :, pos] = qk[b, H:]
+        v_cache[slot, :, pos] = heads[b, 0, H + Hkv:]
+        keys = k_cache[slot, :, : pos + 1].repeat_interleave(H // Hkv, dim=0)  # [H, n, d]
+        values = v_cache[slot, :, : pos + 1].repeat_interleave(H // Hkv, dim=0)
+        out.append(F.scaled_dot_product_attention(qk[b, :H, None], keys, values)[:, 0].reshape(H * d))
+    return torch.stack(out)

@@ -1,0 +1,134 @@
+"""The fused C++ decode kernels (engine/kernels.cpp): each op equals its pure-torch twin, bad input
+is refused with a message, the fused decode step equals the generic forward on the real model, and
+a machine that cannot build them falls back to the pure-torch path."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from engine import kernels as K
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.kv_cache import KVCache
+from engine.loader import load_model
+from engine.quant import quantize_int8
+from engine.runner import ModelRunner
+from engine.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def ops():
+    ops = K.load_kernels()
+    assert ops is not None, f"the kernels must build on the CI machine (g++ and ninja): {K.unavailable_reason()}"
+    return ops
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 5, 8, 13])
+@pytest.mark.parametrize("N, K_", [(960, 576), (37, 100), (8, 16)])
+def test_int8_linear_equals_dequantized_matmul(ops, M, N, K_):
+    """Odd sizes too: row counts that are not a multiple of the 8/4-row blocks, K with a tail."""
+    g = torch.Generator().manual_seed(M * 1000 + N)
+    x = torch.randn(M, K_, generator=g)
+    w = torch.randint(-127, 128, (N, K_), dtype=torch.int8, generator=g)
+    scale, bias = torch.rand(N, generator=g) / 100, torch.randn(N, generator=g)
+    for b in (bias, None):
+        expected = K.int8_linear_reference(x.double(), w, scale.double(), None if b is None else b.double())
+        got = ops.int8_linear(x, w, scale, b)
+        assert got.shape == (M, N) and got.dtype == torch.float32
+        assert (got.double() - expected).abs().max().item() < 1e-4 * (1 + expected.abs().max().item())
+
+
+def test_add_rms_norm_and_silu_mul_equal_torch(ops):
+    g = torch.Generator().manual_seed(1)
+    residual, x, weight = torch.randn(3, 576, generator=g), torch.randn(3, 576, generator=g), torch.randn(576, generator=g)
+    ours, theirs = residual.clone(), residual.clone()
+    assert torch.allclose(ops.add_rms_norm_(ours, x, weight, 1e-5), K.add_rms_norm_reference(theirs, x, weight, 1e-5),
+                          atol=1e-5)
+    assert torch.allclose(ours, theirs)  # the residual was updated in place, the same way
+    untouched = residual.clone()
+    assert torch.allclose(ops.add_rms_norm_(untouched, None, weight, 1e-5),
+                          K.add_rms_norm_reference(residual.clone(), None, weight, 1e-5), atol=1e-5)
+    assert torch.equal(untouched, residual)
+    gate_up = torch.randn(2, 2 * 1536, generator=g) * 4
+    assert torch.allclose(ops.silu_mul(gate_up), K.silu_mul_reference(gate_up), atol=1e-5)
+
+
+def test_decode_attention_writes_cache_and_attends_each_own_length(ops):
+    """Three sequences in slots with holes, one at position 0: same output and same cache as torch."""
+    H, Hkv, d, S, L = 9, 3, 64, 4, 48
+    g = torch.Generator().manual_seed(2)
+    k_cache, v_cache = torch.randn(S, Hkv, L, d, generator=g), torch.randn(S, Hkv, L, d, generator=g)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    qkv = torch.randn(3, (H + 2 * Hkv) * d, generator=g)
+    cos, sin = torch.randn(3, d, generator=g), torch.randn(3, d, generator=g)
+    slots, positions = torch.tensor([0, 2, 3]), torch.tensor([5, 0, 47])
+    got = ops.decode_attention(qkv, cos, sin, k_cache, v_cache, slots, positions, H, Hkv)
+    expected = K.decode_attention_reference(qkv, cos, sin, k_ref, v_ref, slots, positions, H, Hkv)
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert torch.allclose(k_cache, k_ref, atol=1e-6) and torch.equal(v_cache, v_ref)
+
+
+def test_bad_input_is_refused_with_a_message(ops):
+    x, w, scale = torch.randn(1, 16), torch.zeros(8, 16, dtype=torch.int8), torch.ones(8)
+    with pytest.raises(RuntimeError, match="w: contiguous int8"):
+        ops.int8_linear(x, w.float(), scale, None)
+    with pytest.raises(RuntimeError, match="x: contiguous float32"):
+        ops.int8_linear(x.double(), w, scale, None)
+    cache = torch.zeros(2, 1, 4, 8)
+    qkv, rope = torch.zeros(1, 3 * 8), torch.zeros(1, 8)
+    with pytest.raises(RuntimeError, match="position out of range"):
+        ops.decode_attention(qkv, rope, rope, cache, cache.clone(), torch.tensor([0]), torch.tensor([4]), 1, 1)
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        ops.decode_attention(qkv, rope, rope, cache, cache.clone(), torch.tensor([2]), torch.tensor([0]), 1, 1)
+
+
+@pytest.mark.parametrize("quant", ["none", "int8"])
+def test_fused_decode_step_equals_generic_forward(ops, smollm2_dir, quant):
+    """The real model: a batch of two sequences (different lengths) decoded by ``decode_step`` gives
+    the logits of the generic masked forward, and the same cache contents."""
+    model = load_model(smollm2_dir, torch.float32, 256)
+    model.kernels = ops
+    if quant == "int8":
+        quantize_int8(model)
+    logits, caches = [], []
+    for fused in (True, False):
+        cache = KVCache(model.args, 3, 256, torch.float32)
+        runner = ModelRunner(model, cache)
+        runner.fused_decode = fused
+        runner.prefill(0, list(range(300, 340)), 0, want_logits=False)
+        runner.prefill(2, list(range(500, 517)), 0, want_logits=False)
+        logits.append(runner.decode([0, 2], [1000, 2000], [40, 17]))
+        caches.append(cache.tensors.k[:, [0, 2], :, :41].clone())
+    assert (logits[0] - logits[1]).abs().max().item() < 1e-3
+    assert torch.equal(logits[0].argmax(-1), logits[1].argmax(-1))
+    assert (caches[0][:, 0] - caches[1][:, 0]).abs().max().item() < 1e-4
+    assert (caches[0][:, 1, :, :18] - caches[1][:, 1, :, :18]).abs().max().item() < 1e-4
+
+
+def test_engine_without_kernels_uses_the_pure_torch_path(smollm2_dir):
+    engine = LLMEngine(smollm2_dir, EngineConfig(kernels=False, max_seq_len=256, num_slots=1, max_batch_size=1,
+                                                 admission_window_ms=0), background=False)
+    try:
+        assert engine.model.kernels is None and not engine.runner.fused_decode
+        stream = engine.submit([{"role": "user", "content": "What is the capital of France?"}],
+                               SamplingParams(temperature=0, max_tokens=12))
+        engine.run_until_idle()
+        assert "Paris" in stream.text()
+    finally:
+        engine.close()
+
+
+def test_a_failed_build_falls_back_with_the_reason(monkeypatch, caplog):
+    from torch.utils import cpp_extension
+
+    def no_compiler(**kwargs):
+        raise RuntimeError("Error building extension 'voxlane_kernels': g++: not found")
+
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    monkeypatch.setattr(K, "_state", {})
+    with caplog.at_level(logging.WARNING, logger="engine.kernels"):
+        assert K.load_kernels() is None
+    assert "g++: not found" in K.unavailable_reason()
+    assert "pure-torch path" in caplog.text
