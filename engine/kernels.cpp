@@ -40,9 +40,10 @@ static inline void int8_block(const float* x, int64_t K, const int8_t* w, const 
   for (; k + 16 <= K; k += 16) {
     __m512 wv[R];
     for (int r = 0; r < R; ++r) {
-      // Prefetch a few cache lines ahead in each of the R row streams (measured faster than
-      // leaving it to the hardware prefetcher with 8 interleaved streams).
-      _mm_prefetch(reinterpret_cast<const char*>(w + r * K + k + 512), _MM_HINT_T0);
+      // Prefetch the same spot of the next row block (R * K bytes ahead): rows are too short
+      // (K bytes) for the hardware prefetcher to ramp up. Measured on the model's 121 matrices,
+      // batch 1: 18 GB/s with it, 12 GB/s without or with a within-row distance.
+      _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * K + k), _MM_HINT_T0);
       __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * K + k));
       wv[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
     }
@@ -72,13 +73,16 @@ static inline void int8_block(const float* x, int64_t K, const int8_t* w, const 
 }
 #endif
 
-// Rows [n, n + R) of the output for every row of x: batch rows in groups of 4, 2, 1.
+// Rows [n, n + R) of the output for every row of x: batch rows in groups of 8 (only with R = 2,
+// to stay within the registers), 4, 2, 1.
 template <int R>
 static void int8_rows(const float* x, int64_t M, int64_t K, const int8_t* w, const float* scale, const float* bias,
                       float* y, int64_t N, int64_t n) {
   const int8_t* wn = w + n * K;
   const float* bn = bias ? bias + n : nullptr;
   int64_t m = 0;
+  if (R == 2)
+    for (; m + 8 <= M; m += 8) int8_block<R, 8>(x + m * K, K, wn, scale + n, bn, y + m * N + n, N);
   for (; m + 4 <= M; m += 4) int8_block<R, 4>(x + m * K, K, wn, scale + n, bn, y + m * N + n, N);
   for (; m + 2 <= M; m += 2) int8_block<R, 2>(x + m * K, K, wn, scale + n, bn, y + m * N + n, N);
   for (; m < M; ++m) int8_block<R, 1>(x + m * K, K, wn, scale + n, bn, y + m * N + n, N);
@@ -102,14 +106,16 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* sp = scale.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  // Batch 1 takes 8 rows at a time (more independent loads in flight); larger batches 4 rows, so
-  // 4 x 4 accumulators fit the 32 vector registers.
-  const int64_t R = M == 1 ? 8 : 4;
+  // Batch 1 takes 8 weight rows at a time (more loads in flight); 2-7 rows of x take 4 weight
+  // rows (4 x 4 accumulators); 8 or more take 2 weight rows times 8 rows of x, so each weight is
+  // converted to fp32 once per 8 rows (measured 11.2 vs 12.9 ms over the model at batch 8).
+  const int64_t R = M == 1 ? 8 : (M >= 8 ? 2 : 4);
   const int64_t blocks = N / R;
   at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
     for (int64_t i = b0; i < b1; ++i) {
       if (R == 8) int8_rows<8>(xp, M, K, wp, sp, b, yp, N, i * 8);
-      else int8_rows<4>(xp, M, K, wp, sp, b, yp, N, i * 4);
+      else if (R == 4) int8_rows<4>(xp, M, K, wp, sp, b, yp, N, i * 4);
+      else int8_rows<2>(xp, M, K, wp, sp, b, yp, N, i * 2);
     }
   });
   for (int64_t n = blocks * R; n < N; ++n) int8_rows<1>(xp, M, K, wp, sp, b, yp, N, n);
