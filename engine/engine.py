@@ -22,7 +22,7 @@ from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kernels import load_kernels
 from engine.kv_cache import KVCache
-from engine.loader import load_config, load_model, load_tokenizer
+from engine.loader import load_config, load_model, load_tokenizer, release_file_memory
 from engine.quant import quantize_int8, weight_bytes
 from engine.runner import ModelRunner
 from engine.sampler import Sampler
@@ -72,6 +72,7 @@ class LLMEngine:
         self.model.kernels = load_kernels() if self.config.kernels else None  # None: the pure-torch path
         if self.config.quant == "int8":
             quantize_int8(self.model)
+        release_file_memory(self.model)
         self.weight_bytes = weight_bytes(self.model)
         self.max_seq_len = self.model.max_seq_len
         self.kv_cache = KVCache(self.model.args, self.config.num_slots, self.max_seq_len, self.config.torch_dtype)

@@ -111,6 +111,33 @@ def load_tokenizer(model_path: str | Path):
     return _from_pretrained(AutoTokenizer, model_path)
 
 
+def release_file_memory(model: torch.nn.Module) -> None:
+    """Copy every tensor of the model into memory of its own, so the checkpoint's memory map is
+    released, and hand freed heap back to the OS.
+
+    Why: safetensors tensors live in the mapped file (each with a storage of its own size, so a view
+    cannot be told from a copy). After ``quantize_int8`` replaced the linears, the tiny fp32 norm
+    weights kept the whole 513 MB mapping resident: the int8 engine measured ~1.0 GB RSS for 130 MB
+    of weights. Call it after quantizing (before, it would copy the fp32 linears too).
+    """
+    owned: dict[int, Tensor] = {}  # by the old tensor's id: a tied weight stays one tensor
+    for module in model.modules():
+        for name, tensor in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
+            if tensor is None:
+                continue
+            if id(tensor) not in owned:
+                copy = tensor.detach().clone()
+                owned[id(tensor)] = torch.nn.Parameter(copy, requires_grad=False) if isinstance(
+                    tensor, torch.nn.Parameter) else copy
+            setattr(module, name, owned[id(tensor)])
+    try:  # glibc: return the freed fp32 weights' heap pages
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def load_model(model_path: str | Path, dtype: torch.dtype = torch.float32, max_seq_len: int | None = None) -> Transformer:
     """Build our ``Transformer`` from an HF directory (safetensors) or a .gguf file, in ``dtype``."""
     path = Path(model_path)
