@@ -174,7 +174,8 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 // ---- attention of one new token per sequence against its cache slot ---------------------------------
 // RoPE on the new q and k (HF's rotate-half convention; the sign is folded into sin), writes the
 // new k and v into the cache at (slot, :, position), then each of the R query heads that share a
-// kv head attends keys 0..position of its own slot. No mask tensor and no padding: each sequence
+// kv head attends keys 0..position of its own slot (the last `window` of them when window > 0:
+// Mistral's sliding window). No mask tensor and no padding: each sequence
 // reads exactly its own length. Replaces RoPE, two index_put, the GQA reshapes and SDPA.
 static void rope_into(const float* x, const float* cos, const float* sin, int64_t d, float* out) {
   const int64_t half = d / 2;
@@ -186,7 +187,7 @@ static void rope_into(const float* x, const float* cos, const float* sin, int64_
 
 at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
                             at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& positions,
-                            int64_t num_heads, int64_t num_kv_heads) {
+                            int64_t num_heads, int64_t num_kv_heads, int64_t window) {
   const int64_t B = qkv.size(0), H = num_heads, Hkv = num_kv_heads, d = k_cache.size(3), L = k_cache.size(2);
   TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous() &&
                   qkv.size(1) == (H + 2 * Hkv) * d,
@@ -218,13 +219,16 @@ at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const 
   at::parallel_for(0, B * Hkv, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> q(d), scores;
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / Hkv, g = t % Hkv, pos = pos_p[b], n_keys = pos + 1;
+      const int64_t b = t / Hkv, g = t % Hkv, pos = pos_p[b];
+      const int64_t first = window > 0 ? std::max<int64_t>(0, pos + 1 - window) : 0, n_keys = pos + 1 - first;
       const float* src = qkv_p + b * row;
       const float *c = cos_p + b * d, *s = sin_p + b * d;
-      float* keys = kc + ((slot_p[b] * Hkv + g) * L) * d;  // [L, d] of this slot and kv head
-      float* values = vc + ((slot_p[b] * Hkv + g) * L) * d;
-      rope_into(src + (H + g) * d, c, s, d, keys + pos * d);
-      std::copy(src + (H + Hkv + g) * d, src + (H + Hkv + g + 1) * d, values + pos * d);
+      float* slot_keys = kc + ((slot_p[b] * Hkv + g) * L) * d;  // [L, d] of this slot and kv head
+      float* slot_values = vc + ((slot_p[b] * Hkv + g) * L) * d;
+      rope_into(src + (H + g) * d, c, s, d, slot_keys + pos * d);
+      std::copy(src + (H + Hkv + g) * d, src + (H + Hkv + g + 1) * d, slot_values + pos * d);
+      const float* keys = slot_keys + first * d;  // the n_keys attended: positions first..pos
+      const float* values = slot_values + first * d;
       scores.resize(n_keys);
       for (int64_t r = 0; r < R; ++r) {
         const int64_t h = g * R + r;  // HF's grouping: query head h uses kv head h / R
@@ -261,7 +265,7 @@ TORCH_LIBRARY(voxlane, m) {
   m.def("add_rms_norm_(Tensor(a!) residual, Tensor? x, Tensor weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("decode_attention(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-        "Tensor slots, Tensor positions, int num_heads, int num_kv_heads) -> Tensor");
+        "Tensor slots, Tensor positions, int num_heads, int num_kv_heads, int window) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(voxlane, CPU, m) {

@@ -111,9 +111,11 @@ def silu_mul_reference(gate_up: Tensor) -> Tensor:
 
 
 def decode_attention_reference(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-                               slots: Tensor, positions: Tensor, num_heads: int, num_kv_heads: int) -> Tensor:
+                               slots: Tensor, positions: Tensor, num_heads: int, num_kv_heads: int,
+                               window: int = 0) -> Tensor:
     """qkv [B, (H+2Hkv)*d]; cos, sin [B, d]; caches [S, Hkv, L, d] (written at each slot/position);
-    -> attention output [B, H*d] of each sequence over its own keys 0..position."""
+    -> attention output [B, H*d] of each sequence over its own keys 0..position (the last
+    ``window`` of them when window > 0)."""
     from engine.model import apply_rope
 
     B = qkv.shape[0]
@@ -126,7 +128,8 @@ def decode_attention_reference(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: T
         slot, pos = int(slots[b]), int(positions[b])
         k_cache[slot, :, pos] = qk[b, H:]
         v_cache[slot, :, pos] = heads[b, 0, H + Hkv:]
-        keys = k_cache[slot, :, : pos + 1].repeat_interleave(H // Hkv, dim=0)  # [H, n, d]
-        values = v_cache[slot, :, : pos + 1].repeat_interleave(H // Hkv, dim=0)
+        first = max(0, pos + 1 - window) if window > 0 else 0
+        keys = k_cache[slot, :, first: pos + 1].repeat_interleave(H // Hkv, dim=0)  # [H, n, d]
+        values = v_cache[slot, :, first: pos + 1].repeat_interleave(H // Hkv, dim=0)
         out.append(F.scaled_dot_product_attention(qk[b, :H, None], keys, values)[:, 0].reshape(H * d))
     return torch.stack(out)

@@ -40,6 +40,9 @@ def model_args_from_config(config) -> ModelArgs:
         o_bias=config.model_type == "llama" and bool(getattr(config, "attention_bias", False)),
         mlp_bias=bool(getattr(config, "mlp_bias", False)),
         tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        # Mistral's window; Qwen2 configs carry one too, but use it only with use_sliding_window
+        # (and then only in some layers), which this decoder does not support.
+        sliding_window=getattr(config, "sliding_window", None) if config.model_type == "mistral" else None,
     )
 
 

@@ -40,10 +40,22 @@ class ModelArgs:
     o_bias: bool = False
     mlp_bias: bool = False
     tie_embeddings: bool = True
+    sliding_window: int | None = None  # Mistral: a query at position i sees keys j > i - sliding_window
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads: {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+
+
+def visible_keys(query_positions: Tensor, num_keys: int, sliding_window: int | None) -> Tensor:
+    """Which keys each query may attend: query_positions [..., T] long -> bool [..., T, num_keys],
+    True for key positions j <= i (causal) and, with a sliding window, j > i - window."""
+    keys = torch.arange(num_keys, device=query_positions.device)
+    i = query_positions.unsqueeze(-1)
+    visible = keys <= i
+    if sliding_window is not None:
+        visible &= keys > i - sliding_window
+    return visible
 
 
 @dataclass
@@ -105,6 +117,7 @@ class Attention(nn.Module):
     def __init__(self, args: ModelArgs, layer_index: int):
         super().__init__()
         self.layer_index = layer_index
+        self.sliding_window = args.sliding_window
         self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
         self.q_size = args.num_heads * args.head_dim
         self.kv_size = args.num_kv_heads * args.head_dim
@@ -126,7 +139,11 @@ class Attention(nn.Module):
             q = q.transpose(1, 2)
             k = k.transpose(1, 2).repeat_interleave(R, dim=1)
             v = v.transpose(1, 2).repeat_interleave(R, dim=1)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, d]
+            if self.sliding_window is None:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, d]
+            else:
+                mask = visible_keys(torch.arange(T, device=x.device), T, self.sliding_window)  # [T, T]
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             return self.o_proj(y.transpose(1, 2).reshape(B, T, H * d))
 
         k_cache, v_cache = cache.k[self.layer_index], cache.v[self.layer_index]  # [slots, Hkv, S, d]
@@ -243,7 +260,7 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.layers):
             h = kernels.add_rms_norm_(residual, delta, layer.input_norm.weight, layer.input_norm.eps)
             attended = kernels.decode_attention(layer.attn.qkv(h), cos, sin, cache.k[i], cache.v[i], slots, positions,
-                                                args.num_heads, args.num_kv_heads)  # [B, H*d]
+                                                args.num_heads, args.num_kv_heads, args.sliding_window or 0)  # [B, H*d]
             h = kernels.add_rms_norm_(residual, layer.attn.o_proj(attended), layer.post_attn_norm.weight,
                                       layer.post_attn_norm.eps)
             delta = layer.mlp.down_proj(kernels.silu_mul(layer.mlp.gate_up(h)))

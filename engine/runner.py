@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from engine.kv_cache import KVCache
-from engine.model import AttentionBatch, Transformer
+from engine.model import AttentionBatch, Transformer, visible_keys
 
 
 class ModelRunner:
@@ -34,9 +34,9 @@ class ModelRunner:
         T = len(token_ids)
         L = start + T
         positions = torch.arange(start, L).unsqueeze(0)  # [1, T]
-        # Causal with an offset: query i (position start+i) sees keys 0..start+i. Rows repeat per
-        # query head of a group because q is laid out [Hkv, R*T, d].
-        mask = torch.arange(L).unsqueeze(0) <= positions.T  # [T, L]
+        # Causal with an offset: query i (position start+i) sees keys 0..start+i (within the sliding
+        # window, if any). Rows repeat per query head of a group because q is laid out [Hkv, R*T, d].
+        mask = visible_keys(positions[0], L, self.model.args.sliding_window)  # [T, L]
         batch = AttentionBatch(slots=torch.tensor([slot]), positions=positions,
                                read_rows=slice(slot, slot + 1), kv_len=L,
                                mask=mask.repeat(self.group, 1)[None, None])  # [1, 1, R*T, L]
@@ -60,10 +60,11 @@ class ModelRunner:
             rows: slice | Tensor = slice(slots[0], slots[-1] + 1)  # consecutive slots: a view
         else:
             rows = torch.tensor(slots)  # holes between slots: gather (copies the rows read)
-        if min(positions) == L - 1:
+        window = self.model.args.sliding_window
+        if min(positions) == L - 1 and (window is None or window >= L):
             mask = None  # every sequence attends all L keys
         else:
-            mask = (torch.arange(L).unsqueeze(0) <= pos)[:, None, None, :]  # [B, 1, 1, L]
+            mask = visible_keys(pos, L, window)[:, None]  # [B, 1, 1, L]
             self.kv_cache.prepare_read(slots, positions, L)
         batch = AttentionBatch(slots=torch.tensor(slots), positions=pos, read_rows=rows, kv_len=L, mask=mask)
         hidden = self._decode_forward(torch.tensor(token_ids).unsqueeze(1), pos, self.kv_cache.tensors, batch)

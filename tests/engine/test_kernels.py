@@ -55,8 +55,10 @@ def test_add_rms_norm_and_silu_mul_equal_torch(ops):
     assert torch.allclose(ops.silu_mul(gate_up), K.silu_mul_reference(gate_up), atol=1e-5)
 
 
-def test_decode_attention_writes_cache_and_attends_each_own_length(ops):
-    """Three sequences in slots with holes, one at position 0: same output and same cache as torch."""
+@pytest.mark.parametrize("window", [0, 4])
+def test_decode_attention_writes_cache_and_attends_each_own_length(ops, window):
+    """Three sequences in slots with holes, one at position 0: same output and same cache as torch
+    (and with a sliding window of 4 keys, Mistral's)."""
     H, Hkv, d, S, L = 9, 3, 64, 4, 48
     g = torch.Generator().manual_seed(2)
     k_cache, v_cache = torch.randn(S, Hkv, L, d, generator=g), torch.randn(S, Hkv, L, d, generator=g)
@@ -64,8 +66,8 @@ def test_decode_attention_writes_cache_and_attends_each_own_length(ops):
     qkv = torch.randn(3, (H + 2 * Hkv) * d, generator=g)
     cos, sin = torch.randn(3, d, generator=g), torch.randn(3, d, generator=g)
     slots, positions = torch.tensor([0, 2, 3]), torch.tensor([5, 0, 47])
-    got = ops.decode_attention(qkv, cos, sin, k_cache, v_cache, slots, positions, H, Hkv)
-    expected = K.decode_attention_reference(qkv, cos, sin, k_ref, v_ref, slots, positions, H, Hkv)
+    got = ops.decode_attention(qkv, cos, sin, k_cache, v_cache, slots, positions, H, Hkv, window)
+    expected = K.decode_attention_reference(qkv, cos, sin, k_ref, v_ref, slots, positions, H, Hkv, window)
     assert torch.allclose(got, expected, atol=1e-5)
     assert torch.allclose(k_cache, k_ref, atol=1e-6) and torch.equal(v_cache, v_ref)
 
@@ -79,9 +81,9 @@ def test_bad_input_is_refused_with_a_message(ops):
     cache = torch.zeros(2, 1, 4, 8)
     qkv, rope = torch.zeros(1, 3 * 8), torch.zeros(1, 8)
     with pytest.raises(RuntimeError, match="position out of range"):
-        ops.decode_attention(qkv, rope, rope, cache, cache.clone(), torch.tensor([0]), torch.tensor([4]), 1, 1)
+        ops.decode_attention(qkv, rope, rope, cache, cache.clone(), torch.tensor([0]), torch.tensor([4]), 1, 1, 0)
     with pytest.raises(RuntimeError, match="slot out of range"):
-        ops.decode_attention(qkv, rope, rope, cache, cache.clone(), torch.tensor([2]), torch.tensor([0]), 1, 1)
+        ops.decode_attention(qkv, rope, rope, cache, cache.clone(), torch.tensor([2]), torch.tensor([0]), 1, 1, 0)
 
 
 @pytest.mark.parametrize("quant", ["none", "int8"])
