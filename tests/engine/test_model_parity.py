@@ -111,3 +111,21 @@ def test_mistral_sliding_window_matches_transformers(tmp_path, fused):
     assert (prefilled - expected[11]).abs().max().item() < 1e-4
     for p, logits in zip(range(12, 20), decoded):
         assert (logits - expected[p]).abs().max().item() < 1e-4, p
+
+
+def test_gguf_file_loads_directly_like_its_converted_directory(smollm2_dir):
+    """``load_model`` on the packaged .gguf itself (transformers dequantizes it, ~15 s) gives the
+    model the store's one-time conversion gives: same logits on a real prompt, same tokenizer."""
+    from app.model_store import smollm2_gguf_path
+    from engine.loader import load_tokenizer
+
+    gguf = smollm2_gguf_path()
+    from_gguf, from_dir = load_model(gguf, torch.float32, 256), load_model(smollm2_dir, torch.float32, 256)
+    text = "The lighthouse keeper climbed the stairs."
+    ids = load_tokenizer(gguf).encode(text)
+    assert ids == load_tokenizer(smollm2_dir).encode(text)
+    tokens = torch.tensor([ids])
+    with torch.inference_mode():
+        a = from_gguf.logits(from_gguf(tokens, torch.arange(len(ids))[None]))
+        b = from_dir.logits(from_dir(tokens, torch.arange(len(ids))[None]))
+    assert (a - b).abs().max().item() < 1e-4
