@@ -15,6 +15,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -153,6 +155,30 @@ at::Tensor add_rms_norm_(at::Tensor& residual, const c10::optional<at::Tensor>& 
   return out;
 }
 
+// ---- exp that vectorizes ------------------------------------------------------------------------------
+// std::exp in a loop stays scalar without -ffast-math (glibc declares its vector variants only then),
+// and -ffast-math would also drop the infinities the softmax relies on. Cephes' expf instead:
+// e^x = 2^n * e^r with |r| <= ln2/2 and a degree-6 polynomial, ~1 ulp, plain arithmetic that
+// `omp simd` loops turn into AVX-512 code. n is rounded by adding and subtracting 1.5 * 2^23
+// (std::floor does not vectorize under IEEE trapping rules).
+#pragma omp declare simd notinbranch
+static inline float fast_exp(float x) {
+  x = std::min(std::max(x, -87.3f), 88.7f);
+  const float n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n as a float's exponent field
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return p * two_n;
+}
+
 // ---- SwiGLU activation ------------------------------------------------------------------------------
 // gate_up[M, 2I] (gate | up) -> silu(gate) * up [M, I].
 at::Tensor silu_mul(const at::Tensor& gate_up) {
@@ -161,12 +187,14 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
               "gate_up: contiguous float32 [M, 2I]");
   const int64_t M = gate_up.size(0), I = gate_up.size(1) / 2;
   at::Tensor out = at::empty({M, I}, gate_up.options());
+  const float* in = gate_up.data_ptr<float>();
+  float* result = out.data_ptr<float>();
   for (int64_t m = 0; m < M; ++m) {
-    const float* g = gate_up.data_ptr<float>() + m * 2 * I;
-    const float* u = g + I;
-    float* o = out.data_ptr<float>() + m * I;
+    const float* __restrict g = in + m * 2 * I;
+    const float* __restrict u = g + I;
+    float* __restrict o = result + m * I;
 #pragma omp simd
-    for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+    for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.f + fast_exp(-g[i])) * u[i];
   }
   return out;
 }
@@ -216,8 +244,10 @@ at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const 
   float *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>(), *yp = y.data_ptr<float>();
 
   // One task per (sequence, kv head): it writes that head's new k/v, then reads only its own slot.
+  // One task per (sequence, kv head): it writes that head's new k/v, then reads only its own slot,
+  // each key and value once for all R query heads that share it.
   at::parallel_for(0, B * Hkv, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> q(d), scores;
+    std::vector<float> q(R * d), scores, inv_total(R);  // q [R, d], scores [R, n_keys]
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / Hkv, g = t % Hkv, pos = pos_p[b];
       const int64_t first = window > 0 ? std::max<int64_t>(0, pos + 1 - window) : 0, n_keys = pos + 1 - first;
@@ -229,28 +259,36 @@ at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const 
       std::copy(src + (H + Hkv + g) * d, src + (H + Hkv + g + 1) * d, slot_values + pos * d);
       const float* keys = slot_keys + first * d;  // the n_keys attended: positions first..pos
       const float* values = slot_values + first * d;
-      scores.resize(n_keys);
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t h = g * R + r;  // HF's grouping: query head h uses kv head h / R
-        rope_into(src + h * d, c, s, d, q.data());
-        float top = -INFINITY;
-        for (int64_t j = 0; j < n_keys; ++j) {
-          const float* key = keys + j * d;
+      // HF's grouping: query head h = g * R + r uses kv head g.
+      for (int64_t r = 0; r < R; ++r) rope_into(src + (g * R + r) * d, c, s, d, q.data() + r * d);
+      scores.resize(R * n_keys);
+      for (int64_t j = 0; j < n_keys; ++j) {
+        const float* key = keys + j * d;
+        for (int64_t r = 0; r < R; ++r) {
+          const float* qr = q.data() + r * d;
           float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-          for (int64_t i = 0; i < d; ++i) dot += q[i] * key[i];
-          scores[j] = dot * scale;
-          top = std::max(top, scores[j]);
+          for (int64_t i = 0; i < d; ++i) dot += qr[i] * key[i];
+          scores[r * n_keys + j] = dot * scale;
         }
+      }
+      for (int64_t r = 0; r < R; ++r) {  // softmax numerators and 1 / sum, per head
+        float* row_scores = scores.data() + r * n_keys;
+        const float top = *std::max_element(row_scores, row_scores + n_keys);
         float total = 0.f;
-        for (int64_t j = 0; j < n_keys; ++j) total += (scores[j] = std::exp(scores[j] - top));
-        float* out = yp + b * H * d + h * d;
-        std::fill(out, out + d, 0.f);
-        for (int64_t j = 0; j < n_keys; ++j) {
-          const float p = scores[j] / total;
-          const float* value = values + j * d;
+#pragma omp simd reduction(+ : total)
+        for (int64_t j = 0; j < n_keys; ++j) total += (row_scores[j] = fast_exp(row_scores[j] - top));
+        inv_total[r] = 1.f / total;
+      }
+      float* out = yp + b * H * d + g * R * d;  // [R, d]: the group's heads are adjacent in y
+      std::fill(out, out + R * d, 0.f);
+      for (int64_t j = 0; j < n_keys; ++j) {
+        const float* value = values + j * d;
+        for (int64_t r = 0; r < R; ++r) {
+          const float p = scores[r * n_keys + j] * inv_total[r];
+          float* out_r = out + r * d;
 #pragma omp simd
-          for (int64_t i = 0; i < d; ++i) out[i] += p * value[i];
+          for (int64_t i = 0; i < d; ++i) out_r[i] += p * value[i];
         }
       }
     }
