@@ -34,6 +34,11 @@ class PiperTTS:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = num_threads
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # No CPU memory arena: sessions share this voice and synthesize at once, and the arena keeps
+        # every concurrent peak for good, extending in power-of-two steps. Measured here, 8 threads x
+        # 5 rounds of two sentences: RSS 779 -> 1878 MiB with the arena, flat at 355-406 MiB
+        # without, for ~10% more synthesis time (19.5 s vs 21.7 s in all).
+        options.enable_cpu_mem_arena = False
         session = onnxruntime.InferenceSession(str(model_path), sess_options=options,
                                                providers=["CPUExecutionProvider"])
         config = PiperConfig.from_dict(json.loads(config_path.read_text(encoding="utf-8")))
