@@ -38,8 +38,11 @@ def quantize_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
 class Int8Linear(nn.Module):
     """y = x @ (int8 W * scale).T + b, for every linear layer; three ways, by input:
 
-    * fp32 activations and few rows (decode), when ``kernels`` (engine/kernels.cpp) are loaded:
-      ``voxlane::int8_linear`` reads the int8 weights directly and accumulates in fp32.
+    * fp32 activations and fewer than ``kernel_below_rows`` rows (decode, short prefills), when
+      ``kernels`` (engine/kernels.cpp) are loaded: ``voxlane::int8_linear`` reads the int8 weights
+      directly and accumulates in fp32. Its cost grows with the rows; the dequantize + GEMM path
+      below costs a fixed ~70 ms per forward (converting all weights) plus little per row, and they
+      cross at ~64 rows (measured over the whole model: 48 rows 66 vs 80 ms, 96 rows 124 vs 96 ms).
     * otherwise, few rows: ``_weight_int8pack_mm`` with bf16 activations, bf16 out (the pure-torch
       path, also used for bf16 activations).
     * ``dequantize_from_rows`` rows or more (prefill chunks): the weight is dequantized to bf16 for
@@ -47,6 +50,7 @@ class Int8Linear(nn.Module):
     """
 
     dequantize_from_rows = 32
+    kernel_below_rows = 64
 
     def __init__(self, weight_int8: Tensor, scales: Tensor, bias: Tensor | None, kernels=None):
         super().__init__()
@@ -65,7 +69,7 @@ class Int8Linear(nn.Module):
     def uses_kernel(self, x: Tensor) -> bool:
         """Whether ``x`` goes through the exact fp32 kernel."""
         rows = x.numel() // self.in_features
-        return self.kernels is not None and x.dtype == torch.float32 and rows < self.dequantize_from_rows
+        return self.kernels is not None and x.dtype == torch.float32 and rows < self.kernel_below_rows
 
     def forward(self, x: Tensor) -> Tensor:
         dtype = x.dtype
