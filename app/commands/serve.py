@@ -22,6 +22,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from app.malloc_arenas import limit_malloc_arenas
+
+    limit_malloc_arenas()  # before any thread starts: memory stays flat as sessions come and go
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from the model store, never the hub at run time
     config = config_from(args)
