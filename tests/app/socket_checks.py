@@ -34,6 +34,19 @@ def wait_idle(server, baseline_threads: int | None = None, timeout_s: float = 30
                          f"threads {sorted(t.name for t in threading.enumerate())}")
 
 
+def wait_sessions_closed(server, baseline_threads: int | None = None, timeout_s: float = 60.0) -> None:
+    """For a server on real models (PipelineConversations): no session, no pipeline, and no more
+    threads than ``baseline_threads``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (server.registry.num_open == 0 and server.factory.num_open == 0
+                and (baseline_threads is None or num_threads() <= baseline_threads)):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"still open: {server.registry.num_open} sessions, {server.factory.num_open} pipelines; "
+                         f"threads {sorted(t.name for t in threading.enumerate())} (baseline {baseline_threads})")
+
+
 def start(ws, timeout_s: float = 30.0, **extra) -> dict:
     """Sends "start" (16 kHz unless ``extra`` says otherwise) and returns the "ready" answer."""
     ws.send(json.dumps({"type": "start", "version": 1, "sample_rate": 16000, **extra}))

@@ -1,6 +1,6 @@
 """``voxlane bench load``'s client side against the real server and pipeline with scripted models
 (fast): 8 concurrent sessions x 5 typed turns, every answer on its own socket, everything freed.
-The real-model load test is in tests/app/test_protocol.py."""
+The real-model load test is tests/app/test_load_spoken.py."""
 from __future__ import annotations
 
 import asyncio
