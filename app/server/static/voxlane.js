@@ -231,7 +231,8 @@
           this.render();
           break;
         case "turn":
-          this.showWaterfall(m.gen, m.waterfall);
+          // A spoken notice (the apology for a stalled turn) has no timings of its own: keep the last turn's.
+          if (!((m.waterfall || {}).counts || {}).notice) this.showWaterfall(m.gen, m.waterfall);
           break;
         case "persona":
           this.setStatus("Persona " + m.persona + " from your next turn.");
