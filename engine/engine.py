@@ -70,6 +70,8 @@ class LLMEngine:
         hf_config = load_config(model_path)
         self.model = load_model(model_path, self.config.torch_dtype, self.config.max_seq_len)
         self.model.kernels = load_kernels() if self.config.kernels else None  # None: the pure-torch path
+        if self.model.kernels is not None:  # their own worker threads, as many as torch's
+            self.model.kernels.set_num_threads(torch.get_num_threads())
         if self.config.quant == "int8":
             quantize_int8(self.model)
         release_file_memory(self.model)

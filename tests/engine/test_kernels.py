@@ -134,3 +134,44 @@ def test_a_failed_build_falls_back_with_the_reason(monkeypatch, caplog):
         assert K.load_kernels() is None
     assert "g++: not found" in K.unavailable_reason()
     assert "pure-torch path" in caplog.text
+
+
+def test_worker_threads_give_the_same_results_and_are_thread_safe(ops):
+    """The kernels' own worker pool: 1, 2 or 3 threads give bit-identical results (each output row
+    is summed by one thread in one order), callers on several Python threads at once are served
+    one job at a time, and a bad thread count is refused."""
+    import threading
+
+    before = ops.get_num_threads()
+    g = torch.Generator().manual_seed(3)
+    x, w, scale = torch.randn(3, 576, generator=g), torch.randint(-127, 128, (3000, 576), dtype=torch.int8,
+                                                                  generator=g), torch.rand(3000, generator=g)
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            ops.set_num_threads(threads)
+            assert ops.get_num_threads() == threads
+            results.append(ops.int8_linear(x, w, scale, None))
+        assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+
+        ops.set_num_threads(2)
+        errors: list[str] = []
+
+        def caller(seed: int) -> None:
+            local = torch.randn(2, 576, generator=torch.Generator().manual_seed(seed))
+            expected = K.int8_linear_reference(local, w, scale, None)
+            for _ in range(50):
+                if not torch.allclose(ops.int8_linear(local, w, scale, None), expected, rtol=1e-4, atol=1e-2):
+                    errors.append(f"caller {seed}: wrong result")
+                    return
+
+        threads = [threading.Thread(target=caller, args=(seed,)) for seed in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors and not any(t.is_alive() for t in threads)
+        with pytest.raises(RuntimeError, match="threads must be in"):
+            ops.set_num_threads(0)
+    finally:
+        ops.set_num_threads(before)
