@@ -66,20 +66,9 @@ class LLMEngine:
         self.config = config or EngineConfig()
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
+        self.num_threads = torch.get_num_threads()
         self.tokenizer = load_tokenizer(model_path)
         hf_config = load_config(model_path)
-        self.model = load_model(model_path, self.config.torch_dtype, self.config.max_seq_len)
-        self.model.kernels = load_kernels() if self.config.kernels else None  # None: the pure-torch path
-        if self.model.kernels is not None:  # their own worker threads, as many as torch's
-            self.model.kernels.set_num_threads(torch.get_num_threads())
-        if self.config.quant == "int8":
-            quantize_int8(self.model)
-        release_file_memory(self.model)
-        self.weight_bytes = weight_bytes(self.model)
-        self.max_seq_len = self.model.max_seq_len
-        self.kv_cache = KVCache(self.model.args, self.config.num_slots, self.max_seq_len, self.config.torch_dtype)
-        self.runner = ModelRunner(self.model, self.kv_cache, compile=self.config.compile)
-        self.scheduler = Scheduler(self.kv_cache, self.config.max_batch_size, self.config.prefill_chunk_tokens)
         self.sampler = Sampler()
         self.eos_ids = self._end_of_turn_ids(hf_config)
         self._ids = SequenceIds()
@@ -93,9 +82,44 @@ class LLMEngine:
         self._steps = 0
         self._closed = False
         self._thread: threading.Thread | None = None
-        if background:
-            self._thread = threading.Thread(target=self._loop, name="voxlane-engine", daemon=True)
-            self._thread.start()
+        if not background:
+            self._build(model_path)
+            return
+        # The thread builds the model too, so that it is the process's only thread running torch's
+        # multi-threaded (OpenMP) ops: when a second thread also owns an OpenMP team, libgomp
+        # throttles every barrier and each parallel op waits for a sleeping worker (measured: a
+        # 381-token prefill 268 ms on the loading thread, 439 ms on another).
+        ready, failure = threading.Event(), []
+        self._thread = threading.Thread(target=self._thread_main, args=(model_path, ready, failure),
+                                        name="voxlane-engine", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            raise failure[0]
+
+    def _build(self, model_path: str | Path) -> None:
+        """Model (quantized as configured), kernels, KV cache, runner and scheduler."""
+        torch.set_num_threads(self.num_threads)  # per thread: the stepping thread needs its own
+        self.model = load_model(model_path, self.config.torch_dtype, self.config.max_seq_len)
+        self.model.kernels = load_kernels() if self.config.kernels else None  # None: the pure-torch path
+        if self.config.quant == "int8":
+            quantize_int8(self.model)
+        release_file_memory(self.model)
+        self.weight_bytes = weight_bytes(self.model)
+        self.max_seq_len = self.model.max_seq_len
+        self.kv_cache = KVCache(self.model.args, self.config.num_slots, self.max_seq_len, self.config.torch_dtype)
+        self.runner = ModelRunner(self.model, self.kv_cache, compile=self.config.compile)
+        self.scheduler = Scheduler(self.kv_cache, self.config.max_batch_size, self.config.prefill_chunk_tokens)
+
+    def _thread_main(self, model_path: str | Path, ready: threading.Event, failure: list) -> None:
+        try:
+            self._build(model_path)
+        except BaseException as error:  # the constructor re-raises it
+            failure.append(error)
+            return
+        finally:
+            ready.set()
+        self._loop()
 
     def _end_of_turn_ids(self, hf_config) -> set[int]:
         ids: set[int] = set()

@@ -10,19 +10,13 @@
 // tests compare against. Shapes: B sequences, K in-features, N out-features, D hidden, H query
 // heads, Hkv kv heads, R = H / Hkv, d head dim, S cache slots, L cache positions.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <functional>
-#include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -30,134 +24,6 @@
 #endif
 
 namespace voxlane {
-
-// ---- the kernels' own worker threads ----------------------------------------------------------------
-// Not OpenMP: the engine steps in its own thread, and libgomp, once a second thread (here the main
-// thread, which loaded the model) also owns an OpenMP team, has more managed threads than CPUs and
-// throttles its barrier spinning to ~100 iterations, so every parallel region pays a futex wake-up.
-// Measured: a decode step took 11 ms on the main thread and 21 ms on any other thread.
-// This pool's workers spin (with pause) for up to `kSpinFor` after a job, so the ~250 jobs of a
-// decode step meet awake workers, then sleep. Tasks are handed out one at a time from an atomic
-// counter, so a worker the OS has descheduled delays a job by at most the task it holds: the
-// caller takes the rest.
-class SpinPool {
- public:
-  static SpinPool& instance() {
-    static SpinPool pool;
-    return pool;
-  }
-
-  // Workers besides the calling thread: threads - 1.
-  void set_threads(int64_t threads) {
-    std::lock_guard<std::mutex> caller(caller_);
-    stop_workers();
-    stop_ = false;
-    for (int64_t i = 1; i < threads; ++i) workers_.emplace_back([this] { work_loop(); });
-  }
-
-  int64_t threads() const { return static_cast<int64_t>(workers_.size()) + 1; }
-
-  // fn(task) for every task in [0, n), on this thread and the workers; returns when all are done.
-  void run(int64_t n, const std::function<void(int64_t)>& fn) {
-    if (n == 1 || workers_.empty()) {
-      for (int64_t t = 0; t < n; ++t) fn(t);
-      return;
-    }
-    std::lock_guard<std::mutex> caller(caller_);  // one job at a time (the engine has one stepper)
-    auto job = std::make_shared<Job>(fn, n);
-    std::atomic_store(&job_, job);
-    epoch_.fetch_add(1, std::memory_order_release);
-    if (sleepers_.load(std::memory_order_acquire) > 0) {
-      std::lock_guard<std::mutex> lock(sleep_mutex_);
-      wake_.notify_all();
-    }
-    job->work();
-    while (job->done.load(std::memory_order_acquire) < n) pause();
-  }
-
-  ~SpinPool() { stop_workers(); }
-
- private:
-  struct Job {
-    Job(const std::function<void(int64_t)>& f, int64_t count) : fn(f), n(count) {}
-    std::function<void(int64_t)> fn;
-    int64_t n;
-    std::atomic<int64_t> next{0}, done{0};
-    void work() {
-      for (int64_t t; (t = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
-        fn(t);
-        done.fetch_add(1, std::memory_order_release);
-      }
-    }
-  };
-
-  static constexpr auto kSpinFor = std::chrono::microseconds(2000);
-
-  static void pause() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#else
-    std::this_thread::yield();
-#endif
-  }
-
-  void work_loop() {
-    uint64_t seen = epoch_.load(std::memory_order_acquire);
-    while (true) {
-      auto spin_until = std::chrono::steady_clock::now() + kSpinFor;
-      int spins = 0;
-      while (epoch_.load(std::memory_order_acquire) == seen && !stop_.load(std::memory_order_acquire)) {
-        if (++spins % 256 == 0 && std::chrono::steady_clock::now() > spin_until) {
-          std::unique_lock<std::mutex> lock(sleep_mutex_);
-          sleepers_.fetch_add(1, std::memory_order_acq_rel);
-          wake_.wait(lock, [&] { return epoch_.load(std::memory_order_acquire) != seen || stop_.load(); });
-          sleepers_.fetch_sub(1, std::memory_order_acq_rel);
-          break;
-        }
-        pause();
-      }
-      if (stop_.load(std::memory_order_acquire)) return;
-      seen = epoch_.load(std::memory_order_acquire);
-      // A job that finished before this worker looked has no task left: work() returns at once.
-      if (auto job = std::atomic_load(&job_)) job->work();
-    }
-  }
-
-  void stop_workers() {
-    {
-      std::lock_guard<std::mutex> lock(sleep_mutex_);
-      stop_ = true;
-      wake_.notify_all();
-    }
-    for (auto& w : workers_) w.join();
-    workers_.clear();
-  }
-
-  std::vector<std::thread> workers_;
-  std::shared_ptr<Job> job_;
-  std::atomic<uint64_t> epoch_{0};
-  std::atomic<int> sleepers_{0};
-  std::atomic<bool> stop_{false};
-  std::mutex caller_, sleep_mutex_;
-  std::condition_variable wake_;
-};
-
-void set_num_threads(int64_t threads) {
-  TORCH_CHECK(threads >= 1 && threads <= 256, "threads must be in [1, 256]");
-  SpinPool::instance().set_threads(threads);
-}
-
-int64_t get_num_threads() { return SpinPool::instance().threads(); }
-
-// Splits [0, n) into tasks of at least `grain` and calls fn(begin, end) for each, on the pool.
-static void parallel_range(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
-  const int64_t threads = SpinPool::instance().threads();
-  // ~8 tasks per thread: small enough that a descheduled worker holds little, large enough that
-  // handing out a task (one atomic add) is noise.
-  const int64_t size = std::max<int64_t>(grain, (n + threads * 8 - 1) / (threads * 8));
-  const int64_t tasks = (n + size - 1) / size;
-  SpinPool::instance().run(tasks, [&](int64_t t) { fn(t * size, std::min(n, (t + 1) * size)); });
-}
 
 // ---- int8 weight-only linear ------------------------------------------------------------------
 // y[M, N] = x[M, K] @ (w[N, K] * scale[N, None]).T + bias[N]; fp32 in and out, int8 weights.
@@ -247,7 +113,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   // converted to fp32 once per 8 rows (measured 11.2 vs 12.9 ms over the model at batch 8).
   const int64_t R = M == 1 ? 8 : (M >= 8 ? 2 : 4);
   const int64_t blocks = N / R;
-  parallel_range(blocks, 8, [&](int64_t b0, int64_t b1) {
+  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
     for (int64_t i = b0; i < b1; ++i) {
       if (R == 8) int8_rows<8>(xp, M, K, wp, sp, b, yp, N, i * 8);
       else if (R == 4) int8_rows<4>(xp, M, K, wp, sp, b, yp, N, i * 4);
@@ -380,7 +246,7 @@ at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const 
   // One task per (sequence, kv head): it writes that head's new k/v, then reads only its own slot.
   // One task per (sequence, kv head): it writes that head's new k/v, then reads only its own slot,
   // each key and value once for all R query heads that share it.
-  parallel_range(B * Hkv, 1, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, B * Hkv, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> q(R * d), scores, inv_total(R);  // q [R, d], scores [R, n_keys]
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / Hkv, g = t % Hkv, pos = pos_p[b];
@@ -433,8 +299,6 @@ at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const 
 }  // namespace voxlane
 
 TORCH_LIBRARY(voxlane, m) {
-  m.def("set_num_threads(int threads) -> ()", &voxlane::set_num_threads);  // no tensors: no dispatch key
-  m.def("get_num_threads() -> int", &voxlane::get_num_threads);
   m.def("int8_linear(Tensor x, Tensor w, Tensor scale, Tensor? bias) -> Tensor");
   m.def("add_rms_norm_(Tensor(a!) residual, Tensor? x, Tensor weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");

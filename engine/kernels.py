@@ -25,10 +25,9 @@ from torch import Tensor
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
-# -fopenmp-simd: `omp simd` loops vectorize, without the OpenMP runtime (the kernels have their
-# own worker threads, see SpinPool in kernels.cpp); 512-bit vectors: gcc defaults to 256 on recent
-# Intel CPUs even with AVX-512 (no effect without it).
-CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-mprefer-vector-width=512"]
+# -fopenmp: at::parallel_for's pragmas use torch's OpenMP (and `omp simd` loops vectorize);
+# 512-bit vectors: gcc defaults to 256 on recent Intel CPUs even with AVX-512 (no effect without it).
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-mprefer-vector-width=512"]
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
@@ -83,7 +82,6 @@ def _build_and_load():
         directory.mkdir(parents=True, exist_ok=True)
         cpp_extension.load(name=f"voxlane_kernels_{build_key()}", sources=[str(SOURCE)], extra_cflags=CFLAGS,
                            build_directory=str(directory), is_python_module=False, verbose=False)
-        torch.ops.voxlane.set_num_threads(torch.get_num_threads())  # the engine may set its own
         return torch.ops.voxlane, None
     except Exception as error:  # a missing compiler or ninja, a failed build: fall back, say why
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]

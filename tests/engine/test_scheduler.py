@@ -159,3 +159,22 @@ def test_background_thread_streams_and_cancels(smollm2_dir):
         assert engine.stats().slots_busy == 0 and engine.stats().tokens_generated > 0
     finally:
         engine.close()
+
+
+def test_background_engine_builds_in_its_thread_and_reports_failures(smollm2_dir, tmp_path):
+    """The stepping thread also builds the model (one OpenMP team in the process); a build that
+    fails there raises from the constructor and leaves no thread behind."""
+    import threading
+
+    import pytest
+
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
+
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):  # all but the weights
+        if (smollm2_dir / name).exists():
+            (tmp_path / name).write_text((smollm2_dir / name).read_text())
+    before = threading.active_count()
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        LLMEngine(tmp_path, EngineConfig(max_seq_len=64, num_slots=1, max_batch_size=1))
+    assert threading.active_count() == before
