@@ -75,15 +75,15 @@ static inline void int8_block(const float* x, int64_t K, const int8_t* w, const 
 }
 #endif
 
-// Rows [n, n + R) of the output for every row of x: batch rows in groups of 8 (only with R = 2,
-// to stay within the registers), 4, 2, 1.
+// Rows [n, n + R) of the output for every row of x: batch rows in groups of 8 (only with R = 3,
+// to stay within the registers: 24 accumulators), 4, 2, 1.
 template <int R>
 static void int8_rows(const float* x, int64_t M, int64_t K, const int8_t* w, const float* scale, const float* bias,
                       float* y, int64_t N, int64_t n) {
   const int8_t* wn = w + n * K;
   const float* bn = bias ? bias + n : nullptr;
   int64_t m = 0;
-  if (R == 2)
+  if constexpr (R == 3)
     for (; m + 8 <= M; m += 8) int8_block<R, 8>(x + m * K, K, wn, scale + n, bn, y + m * N + n, N);
   for (; m + 4 <= M; m += 4) int8_block<R, 4>(x + m * K, K, wn, scale + n, bn, y + m * N + n, N);
   for (; m + 2 <= M; m += 2) int8_block<R, 2>(x + m * K, K, wn, scale + n, bn, y + m * N + n, N);
@@ -109,15 +109,16 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   const float* sp = scale.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   // Batch 1 takes 8 weight rows at a time (more loads in flight); 2-7 rows of x take 4 weight
-  // rows (4 x 4 accumulators); 8 or more take 2 weight rows times 8 rows of x, so each weight is
-  // converted to fp32 once per 8 rows (measured 11.2 vs 12.9 ms over the model at batch 8).
-  const int64_t R = M == 1 ? 8 : (M >= 8 ? 2 : 4);
+  // rows (4 x 4 accumulators); 8 or more take 3 weight rows times 8 rows of x, so each weight is
+  // converted to fp32 once per 8 rows (measured over the model at batch 8: 4 x 4 12.9 ms,
+  // 2 x 8 11.2 ms; a whole batch-8 decode step 20.5 ms with 2 x 8, 18.4-19.3 ms with 3 x 8).
+  const int64_t R = M == 1 ? 8 : (M >= 8 ? 3 : 4);
   const int64_t blocks = N / R;
   at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
     for (int64_t i = b0; i < b1; ++i) {
       if (R == 8) int8_rows<8>(xp, M, K, wp, sp, b, yp, N, i * 8);
       else if (R == 4) int8_rows<4>(xp, M, K, wp, sp, b, yp, N, i * 4);
-      else int8_rows<2>(xp, M, K, wp, sp, b, yp, N, i * 2);
+      else int8_rows<3>(xp, M, K, wp, sp, b, yp, N, i * 3);
     }
   });
   for (int64_t n = blocks * R; n < N; ++n) int8_rows<1>(xp, M, K, wp, sp, b, yp, N, n);
