@@ -1,7 +1,7 @@
 // Voxlane's fused CPU kernels for the decode step (one new token per sequence, fp32 activations).
 //
 // Why they exist: at 135M parameters a decode step is ~5,800 small ATen calls when written with
-// torch ops, and about half of each step was dispatch overhead, not arithmetic. These five ops
+// torch ops, and about half of each step was dispatch overhead, not arithmetic. These four ops
 // replace ~190 calls per layer with 8, and the int8 matrix-vector product reads the int8 weights
 // directly with fp32 accumulation (no bf16 rounding of activations or outputs).
 //

@@ -88,11 +88,6 @@ def _build_and_load():
         return None, f"{type(error).__name__}: {first_line}"
 
 
-if __name__ == "__main__":  # ``python -m engine.kernels``: build now (./dev setup does), say where or why not
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    print(f"fused kernels: {build_dir()}" if load_kernels() is not None else "fused kernels: not built")
-
-
 # ---- the pure-torch twins (reference semantics of each kernel) ----
 def int8_linear_reference(x: Tensor, w: Tensor, scale: Tensor, bias: Tensor | None) -> Tensor:
     """x [M, K] fp32, w [N, K] int8, scale [N] fp32 -> [M, N] fp32."""
@@ -135,3 +130,8 @@ def decode_attention_reference(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: T
         values = v_cache[slot, :, first: pos + 1].repeat_interleave(H // Hkv, dim=0)
         out.append(F.scaled_dot_product_attention(qk[b, :H, None], keys, values)[:, 0].reshape(H * d))
     return torch.stack(out)
+
+
+if __name__ == "__main__":  # ``python -m engine.kernels``: build now (./dev setup does), say where or why not
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    print(f"fused kernels: {build_dir()}" if load_kernels() is not None else "fused kernels: not built")
