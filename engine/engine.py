@@ -1,6 +1,6 @@
 """``LLMEngine``: submit requests, get streams of text deltas; one step loop decodes them together.
 
-    step() = schedule -> run (one prefill chunk, one batched decode) -> postprocess (sample, detokenize,
+    step() = schedule -> run (one forward of prefill chunks, one batched decode) -> postprocess (sample, detokenize,
     stop checks, push deltas)
 
 By default a background thread runs steps whenever there is work; ``background=False`` leaves the
@@ -200,15 +200,16 @@ class LLMEngine:
         for seq in plan.cancelled:
             self._close(seq)
         new_tokens = 0
-        if plan.prefill is not None:
-            seq, start, end = plan.prefill, plan.prefill_start, plan.prefill_end
-            is_last = end == len(seq.prompt_ids)
-            logits = self.runner.prefill(seq.slot, seq.prompt_ids[start:end], start, want_logits=is_last)
-            seq.num_cached = end
-            if logits is not None:
-                token = self.sampler.sample(logits[None], [seq])[0]
-                self._append(seq, token)
-                new_tokens += 1
+        if plan.prefills:
+            # A chunk that ends its prompt wants logits: they pick the sequence's first new token.
+            chunks = [(seq.slot, seq.prompt_ids[start:end], start, end == len(seq.prompt_ids))
+                      for seq, start, end in plan.prefills]
+            for (seq, _, end), logits in zip(plan.prefills, self.runner.prefill_many(chunks)):
+                seq.num_cached = end
+                if logits is not None:
+                    token = self.sampler.sample(logits[None], [seq])[0]
+                    self._append(seq, token)
+                    new_tokens += 1
         if plan.decode:
             seqs = plan.decode
             logits = self.runner.decode([s.slot for s in seqs], [s.last_token for s in seqs],

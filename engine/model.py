@@ -64,13 +64,16 @@ class AttentionBatch:
 
     ``slots`` [B] long and ``positions`` [B, T] long say where each new token's k/v is written.
     ``read_rows`` selects the cache rows attended: a slice (a view, no copy) when the batch's slots
-    are consecutive and in order, else a LongTensor [B] (a gather). ``mask`` [B, 1, R*T, L] bool is
+    are consecutive and in order, else a LongTensor [B] (a gather). A packed prefill (several
+    sequences' chunks along T, B = 1) has ``slots`` [1, T] (one per token) and ``read_rows`` a list
+    of (slot, length): the keys are those rows' prefixes side by side, and ``mask`` keeps each
+    chunk to its own. ``mask`` [B, 1, R*T, L] bool is
     True where a query may attend a key; None means "all L keys" (one decoding sequence).
     """
 
     slots: Tensor
     positions: Tensor
-    read_rows: slice | Tensor
+    read_rows: slice | Tensor | list[tuple[int, int]]
     kv_len: int
     mask: Tensor | None
 
@@ -149,11 +152,15 @@ class Attention(nn.Module):
         k_cache, v_cache = cache.k[self.layer_index], cache.v[self.layer_index]  # [slots, Hkv, S, d]
         # Write the new k/v at (slot, :, position): advanced indices around a slice put the
         # indexed dims first, so the destination is [B, T, Hkv, d], exactly k's layout.
-        slot_index = batch.slots[:, None]
+        slot_index = batch.slots[:, None] if batch.slots.dim() == 1 else batch.slots  # [B, 1] or [1, T]
         k_cache[slot_index, :, batch.positions] = k
         v_cache[slot_index, :, batch.positions] = v
-        keys = k_cache[batch.read_rows, :, : batch.kv_len]  # [B, Hkv, L, d]
-        values = v_cache[batch.read_rows, :, : batch.kv_len]
+        if isinstance(batch.read_rows, list):  # packed prefill: each chunk's slot prefix, side by side
+            keys = torch.cat([k_cache[s, :, :n] for s, n in batch.read_rows], dim=1)[None]  # [1, Hkv, L, d]
+            values = torch.cat([v_cache[s, :, :n] for s, n in batch.read_rows], dim=1)[None]
+        else:
+            keys = k_cache[batch.read_rows, :, : batch.kv_len]  # [B, Hkv, L, d]
+            values = v_cache[batch.read_rows, :, : batch.kv_len]
         # The R query heads sharing a kv head go along the query axis: [B, Hkv, R*T, d]
         # (HF's head order: query head h uses kv head h // R).
         q = q.unflatten(2, (Hkv, R)).permute(0, 2, 3, 1, 4).reshape(B, Hkv, R * T, d)

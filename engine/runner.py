@@ -45,6 +45,42 @@ class ModelRunner:
         return self.model.logits(hidden[0, -1]) if want_logits else None
 
     @torch.inference_mode()
+    def prefill_many(self, chunks: list[tuple[int, list[int], int, bool]]) -> list[Tensor | None]:
+        """Several sequences' prompt chunks (slot, token ids, start, want_logits) in one forward ->
+        logits [V] of each chunk's last token (None where not wanted).
+
+        The chunks are packed along the token axis (B = 1, no padding); each token's k/v goes to its
+        own slot, and a block-diagonal mask keeps each chunk to its own slot's keys (causal with
+        its offset). Why: prompts that arrive together were prefilled one per step, each forward
+        reading all weights for a few rows; one forward reads them once.
+        """
+        if len(chunks) == 1:
+            return [self.prefill(*chunks[0])]
+        window = self.model.args.sliding_window
+        tokens, positions, slots, masks, rows = [], [], [], [], []
+        for slot, ids, start, _ in chunks:
+            end = start + len(ids)
+            chunk_positions = torch.arange(start, end)
+            tokens += ids
+            positions.append(chunk_positions)
+            slots.append(torch.full((len(ids),), slot))
+            masks.append(visible_keys(chunk_positions, end, window))  # [T_i, L_i]
+            rows.append((slot, end))
+        mask = torch.block_diag(*masks)  # [T, L]: no chunk sees another's keys
+        batch = AttentionBatch(slots=torch.cat(slots)[None], positions=torch.cat(positions)[None], read_rows=rows,
+                               kv_len=mask.shape[1], mask=mask.repeat(self.group, 1)[None, None])
+        hidden = self.model(torch.tensor([tokens]), batch.positions, self.kv_cache.tensors, batch)  # [1, T, D]
+        for slot, end in rows:
+            self.kv_cache.note_written(slot, end)
+        last = (torch.tensor([len(ids) for _, ids, _, _ in chunks]).cumsum(0) - 1).tolist()
+        wanted = [i for i, chunk in enumerate(chunks) if chunk[3]]
+        logits = self.model.logits(hidden[0, [last[i] for i in wanted]]) if wanted else None  # [n, V]
+        out: list[Tensor | None] = [None] * len(chunks)
+        for row, i in enumerate(wanted):
+            out[i] = logits[row]
+        return out
+
+    @torch.inference_mode()
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> Tensor:
         """One new token per sequence (slots sorted ascending) -> logits [B, V]."""
         if self.fused_decode:

@@ -2,8 +2,10 @@
 
 Each step it (1) removes cancelled sequences and frees their slots, (2) admits waiting sequences
 while the batch has room and a slot can be had (continuous batching: admission happens between
-any two steps), and (3) plans the step: at most one prefill *chunk* (so a long prompt only delays
-running streams by one chunk per step) and one decode token for every sequence past its prompt.
+any two steps), and (3) plans the step: prefill *chunks* of the oldest prompts, at most
+``prefill_chunk_tokens`` in all (so a long prompt only delays running streams by one chunk per
+step; prompts that arrive together share one forward), and one decode token for every sequence
+past its prompt.
 """
 from __future__ import annotations
 
@@ -16,18 +18,16 @@ from engine.sequence import Sequence, SequenceStatus
 
 @dataclass
 class StepPlan:
-    """What one step runs: a prefill chunk [start, end) of one sequence's prompt, and a decode batch
-    (sorted by slot so consecutive slots can be read from the cache as a view)."""
+    """What one step runs: prefill chunks (sequence, start, end) of prompts, run as one forward, and
+    a decode batch (sorted by slot so consecutive slots can be read from the cache as a view)."""
 
-    prefill: Sequence | None = None
-    prefill_start: int = 0
-    prefill_end: int = 0
+    prefills: list[tuple[Sequence, int, int]] = field(default_factory=list)
     decode: list[Sequence] = field(default_factory=list)
     cancelled: list[Sequence] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
-        return self.prefill is None and not self.decode
+        return not self.prefills and not self.decode
 
 
 class Scheduler:
@@ -56,12 +56,12 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         plan = StepPlan(cancelled=self._remove_cancelled())
         self._admit()
+        budget = self.prefill_chunk_tokens
         for seq in self.running:
-            if seq.is_prefilling:  # FIFO: the oldest admitted prompt gets this step's chunk
-                plan.prefill = seq
-                plan.prefill_start = seq.num_cached
-                plan.prefill_end = min(len(seq.prompt_ids), seq.num_cached + self.prefill_chunk_tokens)
-                break
+            if seq.is_prefilling and budget > 0:  # FIFO: the oldest admitted prompts come first
+                end = min(len(seq.prompt_ids), seq.num_cached + budget)
+                plan.prefills.append((seq, seq.num_cached, end))
+                budget -= end - seq.num_cached
         plan.decode = sorted((s for s in self.running if not s.is_prefilling), key=lambda s: s.slot)
         return plan
 

@@ -35,6 +35,39 @@ def test_batched_decode_equals_unbatched(fp32_engine):
     assert all(len(ids) > 3 for ids in alone)
 
 
+def test_packed_prefill_equals_separate_prefills(fp32_engine):
+    """Prompts prefilled together in one packed forward (one fresh, one continuing a cached prefix,
+    one in a slot with a hole before it) give the logits and cache contents of separate prefills."""
+    import torch
+
+    runner, cache = fp32_engine.runner, fp32_engine.kv_cache.tensors
+    a, b, c = (fp32_engine.encode(p) for p in GREEDY_PROMPTS)
+    with torch.inference_mode():
+        runner.prefill(3, b[:10], 0, want_logits=False)  # b's cached prefix, in both layouts
+        runner.prefill(7, b[:10], 0, want_logits=False)
+        together = runner.prefill_many([(2, a, 0, True), (3, b[10:], 10, True), (5, c, 0, False)])
+        alone = [runner.prefill(6, a, 0), runner.prefill(7, b[10:], 10)]
+        runner.prefill(4, c, 0, want_logits=False)
+    for slot in range(2, 8):  # written behind the slots' bookkeeping: whoever owns one re-prefills
+        fp32_engine.kv_cache.slots[slot].tokens = []
+    assert together[2] is None
+    for got, expected in zip(together[:2], alone):
+        assert (got - expected).abs().max().item() < 1e-4
+        assert torch.equal(got.argmax(), expected.argmax())
+    for packed_slot, alone_slot, length in ((2, 6, len(a)), (3, 7, len(b)), (5, 4, len(c))):
+        diff = (cache.k[:, packed_slot, :, :length] - cache.k[:, alone_slot, :, :length]).abs().max().item()
+        assert diff < 1e-4, (packed_slot, diff)
+
+
+def test_prompts_arriving_together_share_a_prefill_step(fp32_engine):
+    streams = [fp32_engine.submit(p, GREEDY) for p in GREEDY_PROMPTS]
+    steps_before = fp32_engine.stats().steps
+    fp32_engine.step()  # admits all three and prefills them in one forward
+    assert all(s.ttft_s is not None for s in streams)  # each has its first token
+    assert fp32_engine.stats().steps == steps_before + 1
+    fp32_engine.run_until_idle()
+
+
 def test_batch_with_slot_holes_equals_unbatched(fp32_engine):
     """Sessions pin slots 0..2; new requests then sit in non-consecutive slots (gathered rows)."""
     for i in range(3):
