@@ -35,6 +35,18 @@ def quantize_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
     return q.contiguous(), rounded
 
 
+def gemm_rows(rows: int) -> int:
+    """``rows`` rounded up to one of 8 sizes per octave (..., 64, 72, 80, ..., 120, 128, 144, ...).
+
+    Why: oneDNN compiles and caches one bf16 GEMM per distinct shape, about 0.55 MB each, kept for
+    the life of the process (up to 1,024 of them); prompt chunks come in every length, so a server
+    grew 2.2 MB per new prefill length of 64+ tokens (measured, 4 weight shapes). Padded, a few
+    shapes serve all lengths, at most 1/8 of the rows wasted.
+    """
+    step = 1 << max(0, rows.bit_length() - 4)
+    return -(-rows // step) * step
+
+
 class Int8Linear(nn.Module):
     """y = x @ (int8 W * scale).T + b, for every linear layer; three ways, by input:
 
@@ -83,10 +95,11 @@ class Int8Linear(nn.Module):
         # The torch kernels take a contiguous bf16 [M, K]; with fp32 activations the cast makes the
         # copy (the bf16 kernel is ~10x faster than the fp32-activation one, measured).
         x2 = x2.to(torch.bfloat16) if dtype != torch.bfloat16 else x2.contiguous()
-        if x2.shape[0] >= self.dequantize_from_rows:  # prefill: a temporary bf16 weight, then GEMM
+        if (M := x2.shape[0]) >= self.dequantize_from_rows:  # prefill: a temporary bf16 weight, then GEMM
             # int8 values are exact in bf16; the scale is applied to the fp32 output, not folded
             # into the weight (that extra bf16 rounding measurably cost agreement).
-            y = torch.mm(x2, self.weight.to(torch.bfloat16).T).float() * self.scales_f32
+            x2 = F.pad(x2, (0, 0, 0, gemm_rows(M) - M))  # zero rows up to a cached GEMM shape
+            y = torch.mm(x2, self.weight.to(torch.bfloat16).T)[:M].float() * self.scales_f32
         else:
             y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, self.scales)  # [M, N] bf16
         if self.bias is not None:

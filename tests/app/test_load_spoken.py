@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
 import gc
 import shutil
 
@@ -39,6 +38,7 @@ from pipeline.pipeline import Pipeline
 from pipeline.stage import Stage
 from pipeline.waterfall import TurnWaterfall, WaterfallBook
 from tests.app.socket_checks import num_threads, wait_sessions_closed
+from tests.heap import heap_in_use
 
 pytestmark = pytest.mark.slow
 
@@ -55,20 +55,15 @@ max_tokens = 8
 rules = []
 """
 MIB = 1 << 20
-# Growth of the heap in use (glibc's mallinfo2: bytes malloc'd and not freed, mmap'd blocks
-# included; every native library here allocates through malloc) over one round of 40 spoken
-# turns after two warm-up rounds. Measured here (2026-11-30, 2 cores): +6.0, +1.4, +2.1, +2.2 MiB
-# in the rounds after the first. A leak of 0.4 MiB a turn (the audio of every turn kept, say)
-# exceeds it. Not RSS: in the suite's process RSS also holds what glibc's arenas retain from the
-# threads of every earlier test, which says nothing about this server (voxlane serve caps the
+# Growth of the heap in use (tests/heap.py) over one round of 40 spoken turns after two warm-up
+# rounds. Measured here (2026-11-30, 2 cores): +6.0, +1.4, +2.1, +2.2 MiB in the rounds after the
+# first; with prompts packed into one prefill, +21.8 until prefill GEMMs were padded to a few shapes
+# (engine/quant.py gemm_rows), then +4.0. A leak of 0.4 MiB a turn (the audio of every turn kept,
+# say) exceeds it. Not RSS: in the suite's process RSS also holds what glibc's arenas retain from
+# the threads of every earlier test, which says nothing about this server (voxlane serve caps the
 # arenas at start, and its RSS stays flat: docs/operations.md).
 HEAP_MARGIN = 16 * MIB
 WARM_UP_ROUNDS = 2
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
 @pytest.fixture(scope="module")
@@ -101,12 +96,7 @@ def questions(tmp_path_factory):
 
 def memory() -> tuple[int, int]:
     """(heap in use, RSS) in bytes, after a full collection and malloc_trim."""
-    gc.collect()
-    libc = ctypes.CDLL("libc.so.6")
-    libc.malloc_trim(0)
-    libc.mallinfo2.restype = _MallInfo2
-    info = libc.mallinfo2()
-    return info.uordblks + info.hblkhd, psutil.Process().memory_info().rss
+    return heap_in_use(), psutil.Process().memory_info().rss
 
 
 def session_objects() -> collections.Counter:
