@@ -64,18 +64,29 @@ class AttentionBatch:
 
     ``slots`` [B] long and ``positions`` [B, T] long say where each new token's k/v is written.
     ``read_rows`` selects the cache rows attended: a slice (a view, no copy) when the batch's slots
-    are consecutive and in order, else a LongTensor [B] (a gather). A packed prefill (several
-    sequences' chunks along T, B = 1) has ``slots`` [1, T] (one per token) and ``read_rows`` a list
-    of (slot, length): the keys are those rows' prefixes side by side, and ``mask`` keeps each
-    chunk to its own. ``mask`` [B, 1, R*T, L] bool is
+    are consecutive and in order, else a LongTensor [B] (a gather). ``mask`` [B, 1, R*T, L] bool is
     True where a query may attend a key; None means "all L keys" (one decoding sequence).
     """
 
     slots: Tensor
     positions: Tensor
-    read_rows: slice | Tensor | list[tuple[int, int]]
+    read_rows: slice | Tensor
     kv_len: int
     mask: Tensor | None
+
+
+@dataclass
+class PackedBatch:
+    """Several sequences' prefill chunks packed along T in one forward (B = 1, no padding).
+
+    The linear layers run once over all the chunks' tokens (the weights are read once, not once
+    per prompt); attention runs chunk by chunk, each with its own single-sequence ``AttentionBatch``,
+    so a chunk reads only its own slot and no score is computed between chunks. ``lengths`` are the
+    chunks' token counts in packing order (they sum to T).
+    """
+
+    chunks: list[AttentionBatch]
+    lengths: list[int]
 
 
 class KVCacheTensors(nn.Module):
@@ -128,7 +139,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, args.dim, bias=args.o_bias)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCacheTensors | None,
-                batch: AttentionBatch | None) -> Tensor:
+                batch: AttentionBatch | PackedBatch | None) -> Tensor:
         B, T, _ = x.shape
         H, Hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         R = H // Hkv
@@ -149,24 +160,31 @@ class Attention(nn.Module):
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             return self.o_proj(y.transpose(1, 2).reshape(B, T, H * d))
 
+        if isinstance(batch, PackedBatch):
+            parts = zip(q.split(batch.lengths, 1), k.split(batch.lengths, 1), v.split(batch.lengths, 1), batch.chunks)
+            y = torch.cat([self._attend_cached(*part, cache) for part in parts], dim=1)  # [1, T, H*d]
+        else:
+            y = self._attend_cached(q, k, v, batch, cache)
+        return self.o_proj(y)
+
+    def _attend_cached(self, q: Tensor, k: Tensor, v: Tensor, batch: AttentionBatch, cache: KVCacheTensors) -> Tensor:
+        """Write k, v [B, T, Hkv, d] into the cache, attend q [B, T, H, d] over the cached keys
+        -> [B, T, H*d]."""
+        B, T, H, d = q.shape
+        Hkv = self.num_kv_heads
+        R = H // Hkv
         k_cache, v_cache = cache.k[self.layer_index], cache.v[self.layer_index]  # [slots, Hkv, S, d]
         # Write the new k/v at (slot, :, position): advanced indices around a slice put the
         # indexed dims first, so the destination is [B, T, Hkv, d], exactly k's layout.
-        slot_index = batch.slots[:, None] if batch.slots.dim() == 1 else batch.slots  # [B, 1] or [1, T]
-        k_cache[slot_index, :, batch.positions] = k
-        v_cache[slot_index, :, batch.positions] = v
-        if isinstance(batch.read_rows, list):  # packed prefill: each chunk's slot prefix, side by side
-            keys = torch.cat([k_cache[s, :, :n] for s, n in batch.read_rows], dim=1)[None]  # [1, Hkv, L, d]
-            values = torch.cat([v_cache[s, :, :n] for s, n in batch.read_rows], dim=1)[None]
-        else:
-            keys = k_cache[batch.read_rows, :, : batch.kv_len]  # [B, Hkv, L, d]
-            values = v_cache[batch.read_rows, :, : batch.kv_len]
+        k_cache[batch.slots[:, None], :, batch.positions] = k
+        v_cache[batch.slots[:, None], :, batch.positions] = v
+        keys = k_cache[batch.read_rows, :, : batch.kv_len]  # [B, Hkv, L, d]
+        values = v_cache[batch.read_rows, :, : batch.kv_len]
         # The R query heads sharing a kv head go along the query axis: [B, Hkv, R*T, d]
         # (HF's head order: query head h uses kv head h // R).
         q = q.unflatten(2, (Hkv, R)).permute(0, 2, 3, 1, 4).reshape(B, Hkv, R * T, d)
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=batch.mask)  # [B, Hkv, R*T, d]
-        y = y.unflatten(2, (R, T)).permute(0, 3, 1, 2, 4).reshape(B, T, H * d)
-        return self.o_proj(y)
+        return y.unflatten(2, (R, T)).permute(0, 3, 1, 2, 4).reshape(B, T, H * d)
 
 
 class MLP(nn.Module):
@@ -211,7 +229,7 @@ class Block(nn.Module):
         self.mlp = MLP(args)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCacheTensors | None,
-                batch: AttentionBatch | None) -> Tensor:
+                batch: AttentionBatch | PackedBatch | None) -> Tensor:
         x = x + self.attn(self.input_norm(x), cos, sin, cache, batch)
         return x + self.mlp(self.post_attn_norm(x))
 
@@ -243,7 +261,7 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def forward(self, tokens: Tensor, positions: Tensor, cache: KVCacheTensors | None = None,
-                batch: AttentionBatch | None = None) -> Tensor:
+                batch: AttentionBatch | PackedBatch | None = None) -> Tensor:
         """tokens, positions [B, T] long -> hidden [B, T, D] (after the final norm)."""
         x = self.embed(tokens)  # [B, T, D]
         cos = self.rope_cos[positions].unsqueeze(2)  # [B, T, 1, d]

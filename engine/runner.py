@@ -1,4 +1,4 @@
-"""``ModelRunner``: turns a step plan into model forwards (prefill chunk, batched decode).
+"""``ModelRunner``: turns a step plan into model forwards (packed prefill chunks, batched decode).
 
 It owns the model and the cache tensors and builds each forward's ``AttentionBatch``: where the new
 k/v go, which cache rows are read, and the boolean mask (only what differing lengths need). With the
@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from engine.kv_cache import KVCache
-from engine.model import AttentionBatch, Transformer, visible_keys
+from engine.model import AttentionBatch, PackedBatch, Transformer, visible_keys
 
 
 class ModelRunner:
@@ -28,53 +28,41 @@ class ModelRunner:
             # dynamic=True: batch size and cache length change every step; one graph for all.
             self._decode_forward = torch.compile(model.forward, dynamic=True)
 
-    @torch.inference_mode()
-    def prefill(self, slot: int, token_ids: list[int], start: int, want_logits: bool = True) -> Tensor | None:
-        """Write k/v for ``token_ids`` at positions start.. of ``slot``; logits [V] of the last one."""
-        T = len(token_ids)
+    def _prefill_batch(self, slot: int, start: int, T: int) -> AttentionBatch:
+        """Where a chunk of T prompt tokens at positions start.. of ``slot`` writes and reads."""
         L = start + T
         positions = torch.arange(start, L).unsqueeze(0)  # [1, T]
         # Causal with an offset: query i (position start+i) sees keys 0..start+i (within the sliding
         # window, if any). Rows repeat per query head of a group because q is laid out [Hkv, R*T, d].
         mask = visible_keys(positions[0], L, self.model.args.sliding_window)  # [T, L]
-        batch = AttentionBatch(slots=torch.tensor([slot]), positions=positions,
-                               read_rows=slice(slot, slot + 1), kv_len=L,
-                               mask=mask.repeat(self.group, 1)[None, None])  # [1, 1, R*T, L]
-        hidden = self.model(torch.tensor([token_ids]), positions, self.kv_cache.tensors, batch)
-        self.kv_cache.note_written(slot, L)
-        return self.model.logits(hidden[0, -1]) if want_logits else None
+        return AttentionBatch(slots=torch.tensor([slot]), positions=positions, read_rows=slice(slot, slot + 1),
+                              kv_len=L, mask=mask.repeat(self.group, 1)[None, None])  # mask [1, 1, R*T, L]
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, token_ids: list[int], start: int, want_logits: bool = True) -> Tensor | None:
+        """Write k/v for ``token_ids`` at positions start.. of ``slot``; logits [V] of the last one."""
+        return self.prefill_many([(slot, token_ids, start, want_logits)])[0]
 
     @torch.inference_mode()
     def prefill_many(self, chunks: list[tuple[int, list[int], int, bool]]) -> list[Tensor | None]:
         """Several sequences' prompt chunks (slot, token ids, start, want_logits) in one forward ->
         logits [V] of each chunk's last token (None where not wanted).
 
-        The chunks are packed along the token axis (B = 1, no padding); each token's k/v goes to its
-        own slot, and a block-diagonal mask keeps each chunk to its own slot's keys (causal with
-        its offset). Why: prompts that arrive together were prefilled one per step, each forward
-        reading all weights for a few rows; one forward reads them once.
+        Why one forward: prompts that arrive together were prefilled one per step, each forward
+        reading all the weights for a few rows. Packed along the token axis (``PackedBatch``), the
+        linear layers read them once; attention still runs per chunk, over its own slot only.
         """
-        if len(chunks) == 1:
-            return [self.prefill(*chunks[0])]
-        window = self.model.args.sliding_window
-        tokens, positions, slots, masks, rows = [], [], [], [], []
-        for slot, ids, start, _ in chunks:
-            end = start + len(ids)
-            chunk_positions = torch.arange(start, end)
-            tokens += ids
-            positions.append(chunk_positions)
-            slots.append(torch.full((len(ids),), slot))
-            masks.append(visible_keys(chunk_positions, end, window))  # [T_i, L_i]
-            rows.append((slot, end))
-        mask = torch.block_diag(*masks)  # [T, L]: no chunk sees another's keys
-        batch = AttentionBatch(slots=torch.cat(slots)[None], positions=torch.cat(positions)[None], read_rows=rows,
-                               kv_len=mask.shape[1], mask=mask.repeat(self.group, 1)[None, None])
-        hidden = self.model(torch.tensor([tokens]), batch.positions, self.kv_cache.tensors, batch)  # [1, T, D]
-        for slot, end in rows:
-            self.kv_cache.note_written(slot, end)
-        last = (torch.tensor([len(ids) for _, ids, _, _ in chunks]).cumsum(0) - 1).tolist()
+        batches = [self._prefill_batch(slot, start, len(ids)) for slot, ids, start, _ in chunks]
+        lengths = [len(ids) for _, ids, _, _ in chunks]
+        batch = batches[0] if len(chunks) == 1 else PackedBatch(batches, lengths)
+        tokens = torch.tensor([[t for _, ids, _, _ in chunks for t in ids]])  # [1, T]
+        positions = torch.cat([b.positions for b in batches], dim=1)  # [1, T]
+        hidden = self.model(tokens, positions, self.kv_cache.tensors, batch)  # [1, T, D]
+        for (slot, ids, start, _) in chunks:
+            self.kv_cache.note_written(slot, start + len(ids))
+        ends = torch.tensor(lengths).cumsum(0) - 1  # each chunk's last token on the packed axis
         wanted = [i for i, chunk in enumerate(chunks) if chunk[3]]
-        logits = self.model.logits(hidden[0, [last[i] for i in wanted]]) if wanted else None  # [n, V]
+        logits = self.model.logits(hidden[0, ends[wanted]]) if wanted else None  # [n, V]
         out: list[Tensor | None] = [None] * len(chunks)
         for row, i in enumerate(wanted):
             out[i] = logits[row]
