@@ -23,10 +23,9 @@ def quality_report(model_dir, num_prompts: int = 5, num_tokens: int = 48) -> dic
     stop = {tokenizer.eos_token_id}
     reference = load_model(model_dir, torch.float32)
     report = {}
-    paths = {"engine int8": load_kernels(), "engine int8, pure-torch path": None}
-    for name, kernels in paths.items():
-        if name == "engine int8" and kernels is None:
-            continue  # no fused kernels on this machine: the pure-torch row is the engine's
+    kernels = load_kernels()  # None on a machine without them: the pure-torch row is then the engine's
+    paths = ([("engine int8", kernels)] if kernels is not None else []) + [("engine int8, pure-torch path", None)]
+    for name, kernels in paths:
         ours = load_model(model_dir, torch.float32)
         ours.kernels = kernels
         report[name] = asdict(compare(reference, quantize_int8(ours), prompts, num_tokens, stop))

@@ -34,22 +34,22 @@ class QualityReport:
 
 
 @torch.inference_mode()
-def greedy_continuation(model: Transformer, ids: list[int], num_tokens: int, stop_ids: set[int]) -> list[int]:
-    """Greedy tokens of ``model`` after ``ids``, through a private one-slot KV cache."""
+def greedy_continuation(model: Transformer, ids: list[int], num_tokens: int,
+                        stop_ids: set[int]) -> tuple[list[int], torch.Tensor]:
+    """Greedy tokens of ``model`` after ``ids``, through a private one-slot KV cache, with the
+    log-softmax of the logits that chose each token and of the logits after the last one ->
+    (tokens, [len(tokens) + 1, V]): the rows ``next_token_logprobs`` gives for ids + tokens."""
     from engine.kv_cache import KVCache
     from engine.runner import ModelRunner
 
     cache = KVCache(model.args, 1, len(ids) + num_tokens + 1, model.norm.weight.dtype)
     runner = ModelRunner(model, cache)
-    logits = runner.prefill(0, ids, 0)
+    rows = [runner.prefill(0, ids, 0)]
     out: list[int] = []
-    for _ in range(num_tokens):
-        token = int(logits.argmax())
-        if token in stop_ids:
-            break
+    while len(out) < num_tokens and (token := int(rows[-1].argmax())) not in stop_ids:
         out.append(token)
-        logits = runner.decode([0], [token], [len(ids) + len(out) - 1])[0]
-    return out
+        rows.append(runner.decode([0], [token], [len(ids) + len(out) - 1])[0])
+    return out, torch.stack(rows).log_softmax(-1)
 
 
 @torch.inference_mode()
@@ -73,9 +73,8 @@ def compare(reference: Transformer, candidate, encoded_prompts: list[list[int]],
     """``candidate`` is a Transformer or a callable(ids) -> logits [T, V] (e.g. a transformers model)."""
     agree = kl_sum = first_same = positions = 0.0
     for prompt in encoded_prompts:
-        continuation = greedy_continuation(reference, prompt, num_tokens, stop_ids)
+        continuation, ref = greedy_continuation(reference, prompt, num_tokens, stop_ids)  # ref [n+1, V]
         ids = prompt + continuation
-        ref = next_token_logprobs(reference, ids, len(prompt))  # [n+1, V]
         if isinstance(candidate, Transformer):
             test = next_token_logprobs(candidate, ids, len(prompt))
         else:

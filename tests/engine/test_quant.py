@@ -23,6 +23,15 @@ def test_int8_linear_matches_dequantized_weights():
     assert torch.allclose(y, x @ dequantized.T + linear.bias, atol=0.05, rtol=0.02)
 
 
+def test_quality_of_the_reference_against_itself_is_perfect(fp32_engine):
+    """The reference's rows come from its own greedy run, the candidate's from teacher forcing: if
+    they were off by one position, a model compared with itself would disagree."""
+    prompts = [fp32_engine.encode([{"role": "user", "content": p}]) for p in QUALITY_PROMPTS[:2]]
+    report = compare(fp32_engine.model, fp32_engine.model, prompts, 12, fp32_engine.eos_ids)
+    assert report.top1_agreement == 1.0 and report.first_token_same == 1.0
+    assert report.mean_kl < 1e-6 and 2 < report.num_positions <= 2 * 13  # 12 tokens + 1, or fewer at EOS
+
+
 @pytest.mark.parametrize("path", ["fused kernels", "pure torch"])
 def test_int8_quality_and_memory(fp32_engine, int8_engine, smollm2_dir, path):
     """Greedy top-1 agreement with fp32 >= 0.95 on the fixed prompt set (the benchmark's: 5 prompts,
