@@ -59,6 +59,7 @@ def run_group(group: str, model_dir, settings, quick: bool) -> dict:
         return {"rows": rows.transformers_rows(model_dir, settings, int8=group.endswith("int8"))}
     if group == "llama-cpp":
         from app.model_store import smollm2_gguf_path
+        from engine.bench_llama_cpp import llama_cpp_rows
         from engine.gguf_requant import requantize
 
         packaged = smollm2_gguf_path()
@@ -66,8 +67,8 @@ def run_group(group: str, model_dir, settings, quick: bool) -> dict:
         if not q8.exists():
             q8.parent.mkdir(parents=True, exist_ok=True)
             requantize(packaged, q8, "Q8_0")
-        return {"rows": rows.llama_cpp_rows(packaged, settings, "Q4_1 GGUF as packaged")
-                + rows.llama_cpp_rows(q8, settings, "Q8_0 GGUF requantized from it")}
+        return {"rows": llama_cpp_rows(packaged, settings, "Q4_1 GGUF as packaged")
+                + llama_cpp_rows(q8, settings, "Q8_0 GGUF requantized from it")}
     if group == "conversation":
         return {"conversation_ttft_ms": rows.conversation_ttft(model_dir, settings, turns=2 if quick else 5)}
     if group == "quality":
@@ -117,6 +118,8 @@ def ratios(result: dict) -> dict:
         "int8_batch_aggregate_vs_int8_batch1": div(batch_rate("+ INT8 + batching"), int8),
         "int8_batch_aggregate_vs_transformers_int8_batch": div(batch_rate("+ INT8 + batching"),
                                                                batch_rate("transformers generate, int8")),
+        "int8_batch_aggregate_vs_llama_cpp_q8_0_batch": div(batch_rate("+ INT8 + batching"),
+                                                            batch_rate("llama.cpp (Q8_0")),
         "int8_weights_vs_fp32_weights": div(rate("+ INT8", "weights_mb"), rate("+ KV cache", "weights_mb")),
     }
     turns = result.get("conversation_ttft_ms")

@@ -1,5 +1,5 @@
 """One measurement per benchmark row: our engine in each configuration, and the peers
-(transformers ``generate`` fp32 and ``quantize_dynamic`` int8; llama.cpp when importable).
+(transformers ``generate`` fp32 and ``quantize_dynamic`` int8; llama.cpp's are in ``engine.bench_llama_cpp``).
 
 Every function returns a plain dict row with the same keys (None where a figure does not apply):
   ms_per_token      decode time per token of one stream (after the first token)
@@ -13,7 +13,6 @@ Each figure is the median over ``runs`` runs after one warm-up.
 """
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -223,47 +222,3 @@ def transformers_rows(model_dir, settings: BenchSettings, int8: bool) -> list[di
                         tok_s_stream=settings.tokens / wall, tok_s_aggregate=aggregate, rss_mb=rss_mb(),
                         weights_mb=weights, batch=settings.batch))
     return rows
-
-
-def llama_cpp_rows(gguf_path, settings: BenchSettings, label: str = "GGUF as packaged") -> list[dict]:
-    """llama.cpp (llama-cpp-python) on a GGUF file, batch 1; [] when it is not installed.
-
-    With ``VOXLANE_LLAMA_CPP_NO_EXTRA_BUFFERS=1`` llama.cpp's extra weight buffer types (AMX and the
-    repacked AVX layouts) are off: on this VM its AMX matmul crashes (SIGSEGV in
-    ``ggml_backend_amx_mul_mat``), and ``engine.bench`` retries a crashed group that way.
-    """
-    try:
-        from llama_cpp import Llama
-        from llama_cpp import llama_cpp  # the low-level module, whose defaults Llama reads
-    except ImportError:
-        return []
-    no_extra = os.environ.get("VOXLANE_LLAMA_CPP_NO_EXTRA_BUFFERS") == "1"
-    if no_extra:
-        defaults = llama_cpp.llama_model_default_params
-
-        def without_extra_buffers():
-            params = defaults()
-            params.use_extra_bufts = False
-            return params
-
-        llama_cpp.llama_model_default_params = without_extra_buffers
-    llm = Llama(model_path=str(gguf_path), n_threads=settings.threads, n_ctx=1024, verbose=False)
-    eos = llm.token_eos()
-    label += ", no AMX/repack buffers" if no_extra else ""
-
-    def no_eos(input_ids, scores):
-        scores[eos] = -float("inf")
-        return scores
-
-    def timed(prompt: str, n: int) -> float:
-        start = time.perf_counter()
-        llm.create_completion(prompt, max_tokens=n, temperature=0.0, logits_processor=[no_eos])
-        return time.perf_counter() - start
-
-    prompt = "<|im_start|>user\nTell me a story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n"
-    timed(prompt, 4)
-    ttft = median([timed(prompt, 1) for _ in range(settings.runs)])
-    total = median([timed(prompt, settings.tokens) for _ in range(settings.runs)])
-    return [row(f"llama.cpp ({label})", ms_per_token=(total - ttft) / max(settings.tokens - 1, 1) * 1e3,
-                tok_s_stream=settings.tokens / total, tok_s_aggregate=settings.tokens / total, ttft_ms=ttft * 1e3,
-                rss_mb=rss_mb(), batch=1)]
