@@ -67,6 +67,25 @@ def test_long_prefill_is_chunked_and_running_streams_keep_decoding(int8_engine):
     assert _idle(engine)
 
 
+def test_prompts_share_the_step_prefill_budget_oldest_first(int8_engine):
+    """Three 12-token prompts, a budget of 16 tokens per step: step 1 prefills the first whole and
+    4 of the second, step 2 the rest of the second and 8 of the third, step 3 the rest of the third."""
+    engine = int8_engine
+    engine.scheduler.prefill_chunk_tokens = 16
+    try:
+        streams = [engine.submit(SHORT_PROMPT, SamplingParams(temperature=0, max_tokens=4)) for _ in range(3)]
+        cached = []
+        for _ in range(3):
+            engine.step()
+            cached.append([seq.num_cached if seq.is_prefilling else "done" for seq in engine.scheduler.running])
+        engine.run_until_idle()
+    finally:
+        engine.scheduler.prefill_chunk_tokens = engine.config.prefill_chunk_tokens
+    assert cached == [["done", 4, 0], ["done", "done", 8], ["done", "done", "done"]]
+    assert streams[0].output_ids == streams[1].output_ids == streams[2].output_ids  # same prompt, greedy
+    assert _idle(engine)
+
+
 def test_cancel_takes_effect_at_next_step_and_frees_the_slot(int8_engine):
     engine = int8_engine
     stream = engine.submit(SHORT_PROMPT, SamplingParams(temperature=0, max_tokens=200), ignore_eos=True)
