@@ -58,7 +58,7 @@ class ModelRunner:
         tokens = torch.tensor([[t for _, ids, _, _ in chunks for t in ids]])  # [1, T]
         positions = torch.cat([b.positions for b in batches], dim=1)  # [1, T]
         hidden = self.model(tokens, positions, self.kv_cache.tensors, batch)  # [1, T, D]
-        for (slot, ids, start, _) in chunks:
+        for slot, ids, start, _ in chunks:
             self.kv_cache.note_written(slot, start + len(ids))
         ends = torch.tensor(lengths).cumsum(0) - 1  # each chunk's last token on the packed axis
         wanted = [i for i, chunk in enumerate(chunks) if chunk[3]]
