@@ -32,7 +32,8 @@ class SystemFrame(Frame):
 class Interrupt(SystemFrame):
     """*out* Drop everything older than ``gen``: stop playback, cancel generation."""
 
-    # "barge-in" | "resume" (the user went on after a pause) | "user" | "text" | "notice" (the app speaks instead)
+    # "barge-in" | "resume" (the user went on after a pause) | "user" | "text" | "notice" (the app speaks
+    # instead) | "timeout" (the server ended a stalled turn)
     reason: str = "barge-in"
     resumes_gen: int = 0  # for "resume": the gen the utterance had until now
 

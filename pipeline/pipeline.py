@@ -116,10 +116,11 @@ class Pipeline:
         self._first.put(TextIn(gen=gen, text=text))
         return gen
 
-    def interrupt(self) -> int:
-        """Stop the assistant now (a stop button). Returns the new generation number."""
+    def interrupt(self, reason: str = "user") -> int:
+        """Stop the assistant now: a stop button ("user"), or the server ending a stalled turn
+        ("timeout"). Returns the new generation number."""
         gen = self._counter.next()
-        self._first.put(Interrupt(gen=gen, reason="user"))
+        self._first.put(Interrupt(gen=gen, reason=reason))
         return gen
 
     def speak_notice(self, text: str) -> int:

@@ -21,7 +21,8 @@ class Conversation(Protocol):
 
     def text_input(self, text: str) -> None: ...
 
-    def interrupt(self) -> None: ...
+    def interrupt(self, reason: str = "user") -> None:
+        """Stop the assistant now; ``reason`` is "user" (the client asked) or "timeout" (a stalled turn)."""
 
     def speak_notice(self, text: str) -> None:
         """Stop the assistant and say ``text`` in its voice instead, as a turn of its own (the

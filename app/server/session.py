@@ -90,7 +90,7 @@ class Session:
         self._put({"type": "error", "code": "timeout", "gen": gen, "stage": stage, "fatal": False,
                    "message": f"{apology} (The {stage} stage stalled.)"})
         # The notice's frames come through this pump, so after the stalled turn's "turn" message below.
-        self.interrupt(notice=None if stage == "tts" or self._tts_failed_gen == gen else apology)
+        self.interrupt(notice=None if stage == "tts" or self._tts_failed_gen == gen else apology, reason="timeout")
         self._put({"type": "turn", "gen": gen, "waterfall": {"gen": gen, "ms": {}, "counts": {"timed_out": 1}}})
         self._state.state = "listening"
         self._put({"type": "state", "gen": gen, "state": "listening"})
@@ -111,12 +111,12 @@ class Session:
 
     # --- event loop side --------------------------------------------------------------------
 
-    def interrupt(self, notice: str | None = None) -> None:
-        """The client asked to stop (or a stalled turn ends, and ``notice`` is said instead): drop
-        this turn's queued audio now, then stop the pipeline."""
+    def interrupt(self, notice: str | None = None, reason: str = "user") -> None:
+        """The client asked to stop (or a stalled turn ends: ``reason`` "timeout", and ``notice``
+        is said instead if given): drop this turn's queued audio now, then stop the pipeline."""
         self.min_audio_gen = max(self.min_audio_gen, self.latest_gen + 1)
         if notice is None:
-            self.conversation.interrupt()
+            self.conversation.interrupt(reason)
         else:
             self.conversation.speak_notice(notice)
 

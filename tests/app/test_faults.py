@@ -108,6 +108,9 @@ def test_the_apology_is_only_shown_when_the_voice_stalled_or_failed(server, text
         after = turn(ws, "ping")  # a notice would come before this turn's messages
         assert not [m for m in after if m.get("reason") == "notice" or m["type"] == "speak_chunk"
                     and m["gen"] != after[-1]["gen"]], after
+        # The stalled turn was ended by the server, not by a stop from the client.
+        assert [m["reason"] for m in seen + after if m["type"] == "interrupted" and m["gen"] > timeout["gen"]
+                and m["gen"] < after[-1]["gen"]] == ["timeout"], seen + after
         assert "".join(m["text"] for m in after if m["type"] == "assistant_delta") == "You said: ping."
     wait_idle(server)
 

@@ -41,9 +41,9 @@ class ScriptedConversation:
                       f.TurnDone(self.gen, waterfall={"gen": self.gen, "ms": {"text_in": 0.0}})):
             self.out.put(frame)
 
-    def interrupt(self):
+    def interrupt(self, reason="user"):
         self.gen += 1
-        self.out.put(f.Interrupt(self.gen, reason="user"))
+        self.out.put(f.Interrupt(self.gen, reason=reason))
 
     def set_persona(self, name):
         self.persona = name
