@@ -59,9 +59,10 @@ MIB = 1 << 20
 # rounds. Measured here (2026-11-30, 2 cores): +6.0, +1.4, +2.1, +2.2 MiB in the rounds after the
 # first. With prompts packed into one prefill, +21.8 at first (attention over all chunks' keys, and
 # a oneDNN GEMM kept per prompt length: engine/quant.py gemm_rows); +4.0 and +5.0 once both were
-# fixed. A leak of 0.4 MiB a turn (the audio of every turn kept, say) exceeds it. Not RSS: in the suite's process RSS also holds what glibc's arenas retain from
-# the threads of every earlier test, which says nothing about this server (voxlane serve caps the
-# arenas at start, and its RSS stays flat: docs/operations.md).
+# fixed. A leak of 0.4 MiB a turn (the audio of every turn kept, say) exceeds it. Not RSS: in the
+# suite's process RSS also holds what glibc's arenas retain from the threads of every earlier test,
+# which says nothing about this server (voxlane serve caps the arenas at start, and its RSS stays
+# flat: docs/operations.md).
 HEAP_MARGIN = 16 * MIB
 WARM_UP_ROUNDS = 2
 
