@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from tests.app.scripted_models import LIMIT, make_server
@@ -153,11 +154,20 @@ def test_audio_faster_than_the_limit_is_rate_limited(server, baseline):
 def test_oversized_frames_close_the_session(server, baseline, size, code):
     with connect(server.ws_url, max_size=None) as ws:
         start(ws)
-        ws.send(b"\x00" * size)
         if code:  # within 4x the limit: a JSON error, then close 1009
+            ws.send(b"\x00" * size)
             error = next_error(ws)
             assert error["code"] == code and error["fatal"] is True
-        assert closed_with(ws) == 1009  # beyond 4x: the transport refuses it before buffering
+            assert closed_with(ws) == 1009
+        else:  # beyond 4x: the transport refuses it before buffering, and closes with 1009
+            try:
+                ws.send(b"\x00" * size)
+                close_code = closed_with(ws)
+            except ConnectionClosed:  # the server closed while the client was still writing (broken pipe)
+                close_code = None
+            # None: the server's close frame was lost with the connection, which the server closed
+            # with part of the frame unread (the kernel resets it); it closed all the same.
+            assert close_code in (1009, None)
     with connect(server.ws_url) as ws:
         start(ws)
         assert_normal_turn(ws)
