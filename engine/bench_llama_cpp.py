@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import os
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
-from engine.bench_rows import BATCH_TOPICS, LONG_TEXT, BenchSettings, median, row, rss_mb
+from engine.bench_rows import SHORT_PROMPT, BenchSettings, batch_prompts, long_prompt, median, row, rss_mb
 
 
-def chatml(text: str) -> str:
-    """SmolLM2's chat format around one user message, ready for the answer."""
-    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+def chatml(messages: list[dict]) -> str:
+    """A one-message user chat in SmolLM2's chat format, ready for the answer."""
+    (message,) = messages
+    return f"<|im_start|>{message['role']}\n{message['content']}<|im_end|>\n<|im_start|>assistant\n"
 
 
 def llama_cpp_rows(gguf_path, settings: BenchSettings, label: str = "GGUF as packaged") -> list[dict]:
@@ -53,16 +55,13 @@ def llama_cpp_rows(gguf_path, settings: BenchSettings, label: str = "GGUF as pac
         llm.create_completion(prompt, max_tokens=n, temperature=0.0, logits_processor=[no_eos])
         return time.perf_counter() - start
 
-    prompt = chatml(f"Tell me a story about {BATCH_TOPICS[0]}.")
+    prompt = chatml(SHORT_PROMPT)  # the engine rows' prompts, in SmolLM2's chat format
     timed(prompt, 4)
     ttft = median([timed(prompt, 1) for _ in range(settings.runs)])
     total = median([timed(prompt, settings.tokens) for _ in range(settings.runs)])
-    text = LONG_TEXT  # the engine rows' long prompt, about prefill_tokens tokens
-    while len(llm.tokenize(text.encode())) < settings.prefill_tokens - 30:
-        text += LONG_TEXT
-    long_prompt = chatml(text + "\nSummarize this.")
-    prefill = len(llm.tokenize(long_prompt.encode(), special=True)) / median(
-        [timed(long_prompt, 1) for _ in range(settings.runs)])
+    tokenizer = SimpleNamespace(encode=lambda text: llm.tokenize(text.encode()))  # what long_prompt asks of one
+    long = chatml(long_prompt(tokenizer, settings.prefill_tokens))
+    prefill = len(llm.tokenize(long.encode(), special=True)) / median([timed(long, 1) for _ in range(settings.runs)])
     rows = [row(name, ms_per_token=(total - ttft) / max(settings.tokens - 1, 1) * 1e3,
                 tok_s_stream=settings.tokens / total, tok_s_aggregate=settings.tokens / total, ttft_ms=ttft * 1e3,
                 prefill_tok_s=prefill, rss_mb=rss_mb(), batch=1)]
@@ -83,8 +82,8 @@ class BatchedGreedy:
         from llama_cpp import llama_cpp
 
         self.api, self.settings = llama_cpp, settings
-        self.prompts = [llm.tokenize(chatml(f"Tell me a story about {BATCH_TOPICS[i % len(BATCH_TOPICS)]}.").encode(),
-                                     add_bos=False, special=True) for i in range(settings.batch)]
+        self.prompts = [llm.tokenize(chatml(messages).encode(), add_bos=False, special=True)
+                        for messages in batch_prompts(settings.batch)]
         params = llama_cpp.llama_context_default_params()
         per_sequence = max(map(len, self.prompts)) + settings.tokens + 8
         params.n_ctx = settings.batch * per_sequence
