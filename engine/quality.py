@@ -33,17 +33,21 @@ class QualityReport:
     num_positions: int
 
 
+def one_slot_runner(model: Transformer, num_positions: int):
+    """A ``ModelRunner`` of ``model`` over a private KV cache of one slot and ``num_positions``."""
+    from engine.kv_cache import KVCache
+    from engine.runner import ModelRunner
+
+    return ModelRunner(model, KVCache(model.args, 1, num_positions, model.norm.weight.dtype))
+
+
 @torch.inference_mode()
 def greedy_continuation(model: Transformer, ids: list[int], num_tokens: int,
                         stop_ids: set[int]) -> tuple[list[int], torch.Tensor]:
     """Greedy tokens of ``model`` after ``ids``, through a private one-slot KV cache, with the
     log-softmax of the logits that chose each token and of the logits after the last one ->
     (tokens, [len(tokens) + 1, V]): the rows ``next_token_logprobs`` gives for ids + tokens."""
-    from engine.kv_cache import KVCache
-    from engine.runner import ModelRunner
-
-    cache = KVCache(model.args, 1, len(ids) + num_tokens + 1, model.norm.weight.dtype)
-    runner = ModelRunner(model, cache)
+    runner = one_slot_runner(model, len(ids) + num_tokens + 1)
     rows = [runner.prefill(0, ids, 0)]
     out: list[int] = []
     while len(out) < num_tokens and (token := int(rows[-1].argmax())) not in stop_ids:
@@ -57,11 +61,7 @@ def next_token_logprobs(model: Transformer, ids: list[int], first: int) -> torch
     """log-softmax of the model's next-token logits at positions first-1 .. len(ids)-1 -> [n, V],
     computed the way generation computes them: the prompt ids[:first] as one prefill, then each
     later token as a decode step (so the int8 decode path, not only its prefill, is measured)."""
-    from engine.kv_cache import KVCache
-    from engine.runner import ModelRunner
-
-    cache = KVCache(model.args, 1, len(ids) + 1, model.norm.weight.dtype)
-    runner = ModelRunner(model, cache)
+    runner = one_slot_runner(model, len(ids) + 1)
     rows = [runner.prefill(0, ids[:first], 0)]
     for position in range(first, len(ids)):
         rows.append(runner.decode([0], [ids[position]], [position])[0])
