@@ -18,6 +18,7 @@ from pipeline.config import PipelineConfig
 from pipeline.schema import SchemaError, build, check
 
 LLM_BACKENDS = ("engine", "transformers", "openai")
+MODEL_KINDS = ("asr", "llm", "tts", "vad", "turn")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -73,9 +74,10 @@ class ModelsConfig:
     llm: str = "smollm2-135m-instruct"
     tts: str = "piper-en_US-joe-medium"
     vad: str = "silero-vad"
+    turn: str = "smart-turn-v3.2"  # the end-of-turn model on the audio (persona endpointing mode "semantic")
 
     def __post_init__(self) -> None:
-        for kind in ("asr", "llm", "tts", "vad"):
+        for kind in MODEL_KINDS:
             _check_model(kind, getattr(self, kind), kind)
 
 

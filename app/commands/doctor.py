@@ -60,7 +60,7 @@ def collect_checks(config_path=None):
         path = shutil.which(tool)
         yield Check(tool, path is not None, path or "not found", f"apt-get install {package} ({why})", required=False)
     if config is not None:
-        for kind in ("asr", "llm", "tts", "vad"):
+        for kind in MODEL_KINDS:
             spec = getattr(config.models, kind)
             ready = model_store.is_ready(spec)
             hint = f"voxlane models pull {spec}" + ("" if spec in model_store.PACKAGED else " (needs internet)")

@@ -32,7 +32,7 @@ def run(args) -> int:
     specs = list(args.specs)
     if args.defaults:
         models = config_from(args).models
-        specs += [models.asr, models.llm, models.tts, models.vad]
+        specs += [models.asr, models.llm, models.tts, models.vad, models.turn]
     if not specs:
         raise CommandError("models pull: name models, or use --defaults")
     if args.quiet_if_ready and all(model_store.is_ready(s) for s in specs):
