@@ -3,19 +3,19 @@ from __future__ import annotations
 
 import io
 import logging
-import shutil
 import subprocess
 
 import pytest
+
+from tests.setup_needs import need_command
 
 
 @pytest.fixture(scope="session")
 def question_wav(tmp_path_factory):
     """A spoken question (espeak-ng, 22,050 Hz mono): "What is the capital of France?"."""
-    if not shutil.which("espeak-ng"):
-        pytest.skip("espeak-ng is needed to speak the test question (apt-get install espeak-ng)")
+    espeak = need_command("espeak-ng")
     path = tmp_path_factory.mktemp("question") / "question.wav"
-    subprocess.run(["espeak-ng", "-s", "150", "-w", str(path), "What is the capital of France?"], check=True)
+    subprocess.run([espeak, "-s", "150", "-w", str(path), "What is the capital of France?"], check=True)
     return path
 
 

@@ -8,7 +8,9 @@ import json
 
 import pytest
 
-hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is in the test extra (pip install hypothesis)")
+from tests.setup_needs import need_module  # noqa: E402
+
+hypothesis = need_module("hypothesis", "the test extra: pip install -e .[test]")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402

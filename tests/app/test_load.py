@@ -4,19 +4,18 @@ The real-model load test is tests/app/test_load_spoken.py."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 
 import pytest
 
 from app.bench_load import main, run_load, speak_questions
 from tests.app.scripted_models import make_server
 from tests.app.socket_checks import num_threads, wait_idle
+from tests.setup_needs import need_command
 
 
 @pytest.fixture(scope="module")
 def questions(tmp_path_factory):
-    if not shutil.which("espeak-ng"):
-        pytest.skip("espeak-ng is needed to speak the clients' questions")
+    need_command("espeak-ng")  # speaks the clients' questions
     return speak_questions(tmp_path_factory.mktemp("load"), 8)
 
 

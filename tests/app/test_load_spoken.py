@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import gc
-import shutil
 
 import psutil
 import pytest
@@ -39,6 +38,7 @@ from pipeline.stage import Stage
 from pipeline.waterfall import TurnWaterfall, WaterfallBook
 from tests.app.socket_checks import num_threads, wait_sessions_closed
 from tests.heap import heap_in_use
+from tests.setup_needs import need_command
 
 pytestmark = pytest.mark.slow
 
@@ -90,8 +90,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def questions(tmp_path_factory):
-    if not shutil.which("espeak-ng"):
-        pytest.skip("espeak-ng is needed to speak the clients' questions")
+    need_command("espeak-ng")  # speaks the clients' questions
     return speak_questions(tmp_path_factory.mktemp("questions"), 8)
 
 

@@ -17,6 +17,7 @@ from app import audio_devices
 from app.audio_devices import AudioDeviceError, DeviceInfo
 from app.echo_gate import EchoGate
 from app.mic import build_parser, require_devices, run
+from tests.setup_needs import need_module
 from app.playback_buffer import PlaybackBuffer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,10 +103,7 @@ def test_portaudio_for_real_through_an_alsa_file_device(tmp_path):
     """Real PortAudio streams (device listing, rate negotiation, capture and playback callbacks)
     against ALSA's file plugin. The null PCM under it has no clock, so this checks the data path,
     not real-time behaviour; the conversation itself is tested with FileDevices."""
-    try:
-        import sounddevice  # noqa: F401
-    except OSError as error:
-        pytest.skip(f"PortAudio is not installed here: {error}")
+    need_module("sounddevice", "PortAudio: apt-get install libportaudio2")
     inp, out = tmp_path / "in.raw", tmp_path / "out.raw"
     (8000 * np.sin(np.arange(48000) / 5)).astype("<i2").tofile(inp)
     (tmp_path / ".asoundrc").write_text(ASOUNDRC.format(out=out, inp=inp))
