@@ -27,7 +27,7 @@ class ServerConfig:
     """Where and how ``voxlane serve`` listens, and its limits."""
 
     host: str = "127.0.0.1"  # loopback only by default; anything else requires access_token
-    port: int = 7860
+    port: int = 7860  # 0: any free port (voxlane serve prints the one it got)
     max_sessions: int = 8
     max_connections: int = 64  # open /ws sockets, started or not (a flood of idle sockets gets "busy")
     max_message_bytes: int = 1 << 20  # one WebSocket message (an audio frame or a JSON message)
@@ -41,7 +41,7 @@ class ServerConfig:
     max_audio_speed: float = 4.0  # audio seconds per second a session may send (bursts of 60 s)
 
     def __post_init__(self) -> None:
-        check(1 <= self.port <= 65535, "port", f"must be in [1, 65535], got {self.port}")
+        check(0 <= self.port <= 65535, "port", f"must be in [0, 65535] (0: any free port), got {self.port}")
         check(1 <= self.max_sessions <= 1024, "max_sessions", f"must be in [1, 1024], got {self.max_sessions}")
         check(self.max_sessions <= self.max_connections <= 65536, "max_connections",
               f"must be in [max_sessions ({self.max_sessions}), 65536], got {self.max_connections}")

@@ -43,8 +43,16 @@ def run(args) -> int:
     from app.server.app import create_app
     from app.server.pipeline_conversations import PipelineConversations
 
-    print(f"voxlane: loading and warming up models ({config.models.asr}, {config.models.llm}, {config.models.tts}) …",
-          file=sys.stderr, flush=True)
+    from app.server.runner import bind_socket
+
+    server = config.server
+    try:  # bound now (port 0: the kernel picks one), so the address is known and a busy port fails at once
+        sock = bind_socket(server.host, server.port)
+    except OSError as error:
+        raise CommandError(f"cannot listen on {server.host}:{server.port}: {error}") from error
+    url = f"http://{server.host}:{sock.getsockname()[1]}"
+    print(f"voxlane: loading and warming up models ({config.models.asr}, {config.models.llm}, {config.models.tts}) "
+          f"for {url} …", file=sys.stderr, flush=True)
     factory = PipelineConversations(config, args.backend)
     factory.warm_up()  # every model runs once before the server says it is serving
     from app.openai_api import openai_router
@@ -52,16 +60,16 @@ def run(args) -> int:
     # The same loaded LLM also answers OpenAI-compatible clients on /v1 (same port, same token).
     app = create_app(config, factory, with_ui=not args.no_ui,
                      routers=(openai_router(factory.llm, config.models.llm),))
-    server = config.server
-    print(f"voxlane: serving on http://{server.host}:{server.port}  (WebSocket: ws://{server.host}:{server.port}/ws, "
-          f"OpenAI-compatible: http://{server.host}:{server.port}/v1, metrics: /metrics)",
-          file=sys.stderr, flush=True)
+    print(f"voxlane: serving on {url}  (WebSocket: {url.replace('http', 'ws', 1)}/ws, "
+          f"OpenAI-compatible: {url}/v1, metrics: /metrics)", file=sys.stderr, flush=True)
     try:
         # Oversized messages within 4x the limit get a JSON error with a code from the handler;
         # anything bigger is refused by the transport itself (close 1009) before it is buffered.
         # log_config=None: uvicorn's own loggers go through the structured handler too.
-        uvicorn.run(app, host=server.host, port=server.port, log_level=args.log_level, log_config=None,
-                    ws_max_size=4 * server.max_message_bytes, ws_per_message_deflate=False)
+        uvicorn.Server(uvicorn.Config(app, host=server.host, port=sock.getsockname()[1], log_level=args.log_level,
+                                      log_config=None, ws_max_size=4 * server.max_message_bytes,
+                                      ws_per_message_deflate=False)).run(sockets=[sock])
     finally:
+        sock.close()
         factory.close()
     return 0

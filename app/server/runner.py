@@ -9,22 +9,38 @@ import time
 import uvicorn
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (port 0: a free port the kernel picks; read it back with
+    ``getsockname()``), not yet listening: connections to it are refused until a server listens on
+    it. Binding here, not probing for a free port and binding later, leaves no window in which
+    another program can take the port."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    if port:  # a fixed port may be rebound at once after a restart; a picked one needs no sharing
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 class BackgroundServer:
-    """``with BackgroundServer(app) as server: ... server.ws_url ...``"""
+    """``with BackgroundServer(app) as server: ... server.ws_url ...``
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int | None = None, max_message_bytes: int = 1 << 20):
+    Listens on ``sock`` when given (a socket from ``bind_socket``), else on a socket it binds to
+    ``host:port`` (port 0 or None: any free port; ``server.port`` is the one it got)."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int | None = None, max_message_bytes: int = 1 << 20,
+                 sock: socket.socket | None = None):
+        self._socket = sock if sock is not None else bind_socket(host, port or 0)
         self.host = host
-        self.port = port or free_port(host)
+        self.port = self._socket.getsockname()[1]
         config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", lifespan="off",
                                 ws_max_size=4 * max_message_bytes, ws_per_message_deflate=False)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="voxlane-uvicorn", daemon=True)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
+                                        name="voxlane-uvicorn", daemon=True)
 
     @property
     def url(self) -> str:
@@ -46,6 +62,7 @@ class BackgroundServer:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=30)
+        self._socket.close()
 
     def __enter__(self) -> "BackgroundServer":
         return self.start()

@@ -77,7 +77,7 @@ def test_invalid_settings_name_the_file_and_key(tmp_path, text, key, words):
 
 def test_invalid_environment_value_names_the_variable():
     with pytest.raises(SchemaError) as caught:
-        load_config(environ={"VOXLANE_SERVER_PORT": "0"})
+        load_config(environ={"VOXLANE_SERVER_PORT": "-1"})
     assert "VOXLANE_SERVER_PORT" in str(caught.value) and "server.port" in str(caught.value)
 
 

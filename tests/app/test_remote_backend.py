@@ -3,6 +3,7 @@ against a small scripted server for the faults (refusals, 503s, stalls, a drop m
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.server.runner import bind_socket
 from engine.remote import RemoteBackend, RemoteError, RemoteSettings
 from engine.sampling import SamplingParams
 
@@ -21,12 +23,6 @@ ROOT = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 QUESTION = [{"role": "system", "content": "You are concise."},
             {"role": "user", "content": "What is the capital of France?"}]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(url: str, timeout_s: float = 120) -> None:
@@ -43,10 +39,10 @@ def wait_for(url: str, timeout_s: float = 120) -> None:
 @pytest.fixture(scope="module")
 def voxlane_v1():
     """Voxlane's own OpenAI-compatible API, in another process, on our engine and the packaged SmolLM2."""
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "tests.app.openai_server", str(port), "engine"],
-                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen([sys.executable, "-m", "tests.app.openai_server", "0", "engine"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
+        port = int(process.stdout.readline())  # bound before the model loads: the port is known at once
         wait_for(f"http://127.0.0.1:{port}/v1/models")
         yield f"http://127.0.0.1:{port}/v1"
     finally:
@@ -91,7 +87,7 @@ class ScriptedServer:
     """A tiny OpenAI-style SSE server whose answers follow a script, one entry per request:
     an HTTP status to fail with, "stall" to hang, "drop" to break mid-stream, or "ok"."""
 
-    def __init__(self, script: list):
+    def __init__(self, script: list, sock: socket.socket | None = None):
         self.script = list(script)
         self.requests = 0
         self.closed_early = threading.Event()
@@ -130,7 +126,13 @@ class ScriptedServer:
                 except (BrokenPipeError, ConnectionResetError):
                     outer.closed_early.set()
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if sock is None:
+            self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        else:  # listen on a socket reserved (bound, refusing connections) earlier
+            self.server = ThreadingHTTPServer(sock.getsockname(), Handler, bind_and_activate=False)
+            self.server.socket.close()
+            self.server.socket = sock
+            self.server.server_activate()
         self.server.block_on_close = False  # a stalled handler must not hold up the test's teardown
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -159,19 +161,33 @@ def test_gives_up_after_max_retries_with_a_clear_error():
     server.close()
 
 
+class RetryWatch(logging.Handler):
+    """Sets ``retried`` when the remote backend logs that it will retry (its first refusal)."""
+
+    def __init__(self):
+        super().__init__()
+        self.retried = threading.Event()
+
+    def emit(self, record):
+        if "retry" in record.getMessage():
+            self.retried.set()
+
+
 def test_refused_connections_then_recovery():
-    port = free_port()  # nothing listens here yet: connections are refused
+    reserved = bind_socket()  # bound, not listening: connections are refused until the server listens on it
+    port = reserved.getsockname()[1]
     backend = RemoteBackend(RemoteSettings(f"http://127.0.0.1:{port}/v1", backoff_s=0.2, max_retries=6))
+    watch = RetryWatch()
+    logging.getLogger("engine.remote").addHandler(watch)
     result = {}
     worker = threading.Thread(target=lambda: result.update(text="".join(backend.generate(QUESTION, GREEDY))))
-    worker.start()
-    time.sleep(0.5)
-    server = ScriptedServer([])
-    server.server.server_close()
-    server.server = ThreadingHTTPServer(("127.0.0.1", port), server.server.RequestHandlerClass)
-    server.server.block_on_close = False
-    threading.Thread(target=server.server.serve_forever, daemon=True).start()
-    worker.join(timeout=30)
+    try:
+        worker.start()
+        assert watch.retried.wait(30), "the backend never retried"  # it was refused at least once
+        server = ScriptedServer([], sock=reserved)
+        worker.join(timeout=60)
+    finally:
+        logging.getLogger("engine.remote").removeHandler(watch)
     assert result.get("text") == "Hello there, friend."
     server.close()
 
