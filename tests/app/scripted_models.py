@@ -153,8 +153,11 @@ class ScriptedModels:
 
 
 def make_server(vad_path, **server_settings) -> BackgroundServer:
-    settings = dict(max_sessions=4, max_message_bytes=LIMIT, start_timeout_s=2.0, stall_timeout_s=1.5,
-                    send_timeout_s=1.0)
+    """Timeouts are generous by default: on a loaded machine a live socket may go quiet for a
+    second without anything being wrong. A test of one timeout sets that one short on a server of
+    its own (their logic is tested on a fake clock in test_hardening.py)."""
+    settings = dict(max_sessions=4, max_message_bytes=LIMIT, start_timeout_s=30.0, stall_timeout_s=30.0,
+                    send_timeout_s=10.0)
     settings.update(server_settings)
     config = AppConfig(server=ServerConfig(**settings))
     factory = ScriptedModels(vad_path)

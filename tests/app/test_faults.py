@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from websockets.sync.client import connect
 
 from app.openai_api import openai_router
-from app.server.runner import BackgroundServer, free_port
+from app.server.runner import BackgroundServer, bind_socket
 from engine.remote import RemoteBackend, RemoteSettings
 from tests.app.scripted_models import ScriptedLLM, ScriptedTTS, make_server
 from tests.app.socket_checks import assert_normal_turn, read_turn, start, turn, wait_idle
@@ -21,7 +21,8 @@ from tests.app.socket_checks import assert_normal_turn, read_turn, start, turn, 
 class FreezingTTS(ScriptedTTS):
     """Stalls on the word "freeze" until its call is cancelled (at most 30 s), and counts the cancels."""
 
-    num_cancelled = 0
+    def __init__(self):
+        self.num_cancelled = 0
 
     def synthesize(self, text, speaking_rate=1.0, cancel=None):
         if "freeze" in text.lower():
@@ -29,17 +30,25 @@ class FreezingTTS(ScriptedTTS):
             cancel.on_cancel(released.set)
             if not released.wait(30):
                 return
-            FreezingTTS.num_cancelled += 1
+            self.num_cancelled += 1
             return
         yield from super().synthesize(text, speaking_rate)
 
 
 @pytest.fixture(scope="module")
 def server(silero_vad_path):
-    with make_server(silero_vad_path, stall_timeout_s=1.0) as running:
-        running.factory.tts = FreezingTTS()
+    # The stall timeout is what these tests exercise; 3 s, not 1, so a loaded machine's pauses in a
+    # normal turn are not taken for a stall.
+    with make_server(silero_vad_path, stall_timeout_s=3.0) as running:
         yield running
         running.factory.close()
+
+
+@pytest.fixture
+def freezing_tts(server):
+    """A fresh voice for each test, so no count carries over from another test (any order)."""
+    server.factory.tts = FreezingTTS()
+    return server.factory.tts
 
 
 def ended_with_error(seen: list[dict]) -> dict:
@@ -56,7 +65,7 @@ def ended_with_error(seen: list[dict]) -> dict:
     ("STALL now", "timeout", "llm"),  # the LLM stops producing: the watchdog ends the turn
     ("freeze now", "timeout", "tts"),  # the TTS stops producing
 ])
-def test_a_failing_stage_ends_the_turn_and_the_next_turn_works(server, text, code, stage):
+def test_a_failing_stage_ends_the_turn_and_the_next_turn_works(server, freezing_tts, text, code, stage):
     wait_idle(server)
     with connect(server.ws_url, max_size=None) as ws:
         start(ws)
@@ -66,7 +75,7 @@ def test_a_failing_stage_ends_the_turn_and_the_next_turn_works(server, text, cod
             assert error["message"].startswith("Sorry")  # shown to the user as the apology
         assert_normal_turn(ws)
         if stage == "tts" and code == "timeout":  # the stalled synthesis was cancelled, not waited for
-            assert FreezingTTS.num_cancelled == 1
+            assert freezing_tts.num_cancelled == 1
     wait_idle(server)  # the stalled generation was cancelled, its slot and the session's threads freed
 
 
@@ -95,7 +104,7 @@ def test_an_llm_stall_ends_with_a_spoken_apology(server):
     ("freeze now", None),  # the TTS itself stalled
     ("kaboom, kaboom, kaboom. then STALL", "tts"),  # the TTS failed on the first sentence, then the LLM stalled
 ])
-def test_the_apology_is_only_shown_when_the_voice_stalled_or_failed(server, text, failed):
+def test_the_apology_is_only_shown_when_the_voice_stalled_or_failed(server, freezing_tts, text, failed):
     wait_idle(server)
     with connect(server.ws_url, max_size=None) as ws:
         start(ws)
@@ -118,14 +127,16 @@ def test_the_apology_is_only_shown_when_the_voice_stalled_or_failed(server, text
 @pytest.fixture(scope="module")
 def remote_server(silero_vad_path):
     """Our server with the remote (OpenAI-compatible) backend pointed at a port nobody listens on yet."""
-    port = free_port()
+    reserved = bind_socket()  # bound, not listening: refused until the upstream server listens on it
+    port = reserved.getsockname()[1]
     settings = RemoteSettings(f"http://127.0.0.1:{port}/v1", "scripted", timeout_s=5.0, max_retries=2, backoff_s=0.1)
     with make_server(silero_vad_path) as running:
         running.factory.llm = RemoteBackend(settings)
-        running.remote_port = port
+        running.remote_socket = reserved
         yield running
         running.factory.close()
         running.factory.llm.close()
+    reserved.close()
 
 
 def test_remote_llm_refusing_connections_then_recovering(remote_server):
@@ -137,7 +148,7 @@ def test_remote_llm_refusing_connections_then_recovering(remote_server):
         error = ended_with_error(turn(ws, "ping"))  # refused, retried with backoff, then given up cleanly
         assert error["code"] == "pipeline_error" and error["stage"] == "llm"
         assert "connect" in error["message"].lower() or "refused" in error["message"].lower(), error
-        with BackgroundServer(upstream, port=remote_server.remote_port):
+        with BackgroundServer(upstream, sock=remote_server.remote_socket):
             assert_normal_turn(ws)  # the remote server is up: the same session answers again
             assert_normal_turn(ws)
     deadline = time.monotonic() + 30

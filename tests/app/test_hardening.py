@@ -174,21 +174,28 @@ def test_oversized_frames_close_the_session(server, baseline, size, code):
     wait_idle(server, baseline)
 
 
-@pytest.mark.parametrize("first, code, close_code", [
-    (json.dumps({"type": "start", "version": 99, "sample_rate": 16000}), "unsupported_version", 4000),
-    (None, "not_started", 1008),  # nothing at all within start_timeout_s
-])
-def test_fatal_before_start(server, baseline, first, code, close_code):
+def test_an_unsupported_version_is_fatal(server, baseline):
     with connect(server.ws_url) as ws:
-        if first is not None:
-            ws.send(first)
+        ws.send(json.dumps({"type": "start", "version": 99, "sample_rate": 16000}))
         error = next_error(ws)
-        assert error["code"] == code and error["message"]
-        assert closed_with(ws) == close_code
+        assert error["code"] == "unsupported_version" and error["message"]
+        assert closed_with(ws) == 4000
     with connect(server.ws_url) as ws:
         start(ws)
         assert_normal_turn(ws)
     wait_idle(server, baseline)
+
+
+def test_no_start_within_the_start_timeout_is_fatal(silero_vad_path):
+    with make_server(silero_vad_path, start_timeout_s=1.0) as running:
+        with connect(running.ws_url) as ws:  # nothing at all within start_timeout_s
+            error = next_error(ws)
+            assert error["code"] == "not_started" and error["message"]
+            assert closed_with(ws) == 1008
+        with connect(running.ws_url) as ws:
+            start(ws)
+            assert_normal_turn(ws)
+        wait_idle(running)
 
 
 def test_foreign_origin_is_refused(server, baseline):
@@ -196,6 +203,21 @@ def test_foreign_origin_is_refused(server, baseline):
         assert next_error(ws)["code"] == "forbidden_origin"
         assert closed_with(ws) == 4003
     wait_idle(server, baseline)
+
+
+def test_allowed_origins_admit_a_listed_page_and_only_it(silero_vad_path):
+    """``server.allowed_origins``: a page served elsewhere (say a dev server) may use the API when
+    listed; other pages still may not; the server's own origin always may."""
+    with make_server(silero_vad_path, allowed_origins=("http://localhost:5173",)) as running:
+        for origin in ("http://localhost:5173", f"http://127.0.0.1:{running.port}"):
+            with connect(running.ws_url, origin=origin) as ws:
+                start(ws)
+                assert_normal_turn(ws)
+        for origin in ("http://localhost:5174", "https://localhost:5173", "http://evil.example"):
+            with connect(running.ws_url, origin=origin) as ws:
+                assert next_error(ws)["code"] == "forbidden_origin"
+                assert closed_with(ws) == 4003
+        wait_idle(running)
 
 
 def test_a_client_vanishing_mid_turn_frees_everything(server, baseline):
@@ -211,41 +233,48 @@ def test_a_client_vanishing_mid_turn_frees_everything(server, baseline):
         assert_normal_turn(ws)
 
 
-def test_a_client_that_never_reads_is_dropped(server, baseline):
+def test_a_client_that_never_reads_is_dropped(silero_vad_path):
     """Backpressure: queues are bounded, and a client that reads nothing for send_timeout_s (1 s
     here) loses its session instead of the server buffering its answers forever."""
-    with connect(server.ws_url, max_size=None) as ws:
-        start(ws)
-        ws.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        for _ in range(4):
-            ws.send(json.dumps({"type": "text", "text": "FLOOD please"}))
-        deadline = time.monotonic() + 60
-        while server.registry.num_open and time.monotonic() < deadline:  # without reading a byte
-            time.sleep(0.1)
-        assert server.registry.num_open == 0, "the slow client still holds its session"
-        assert server.metrics.errors.labels(code="slow_client")._value.get() >= 1
-        ws.socket.shutdown(socket.SHUT_RDWR)
-    wait_idle(server, baseline)
-    with connect(server.ws_url) as ws:
-        start(ws)
-        assert_normal_turn(ws)
-    wait_idle(server, baseline)
+    with make_server(silero_vad_path, send_timeout_s=1.0) as server:
+        with connect(server.ws_url, max_size=None) as ws:
+            start(ws)
+            ws.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            for _ in range(4):
+                ws.send(json.dumps({"type": "text", "text": "FLOOD please"}))
+            deadline = time.monotonic() + 60
+            while server.registry.num_open and time.monotonic() < deadline:  # without reading a byte
+                time.sleep(0.1)
+            assert server.registry.num_open == 0, "the slow client still holds its session"
+            assert server.metrics.errors.labels(code="slow_client")._value.get() >= 1
+            ws.socket.shutdown(socket.SHUT_RDWR)
+        wait_idle(server)
+        with connect(server.ws_url) as ws:
+            start(ws)
+            assert_normal_turn(ws)
+        wait_idle(server)
 
 
 def test_a_session_past_its_time_limit_is_closed(silero_vad_path):
     with make_server(silero_vad_path, max_session_s=1.0) as running:
         with connect(running.ws_url) as ws:
             start(ws)
-            assert_normal_turn(ws)
             error = next_error(ws)
             assert error["code"] == "session_expired" and error["fatal"] is True
             assert closed_with(ws) == 1001
+        with connect(running.ws_url) as ws:  # the limit is per session: a new one starts afresh
+            start(ws)
+            assert_normal_turn(ws)
         wait_idle(running)
 
 
 def test_metrics_count_errors_by_code(server):
     import httpx
 
+    with connect(server.ws_url) as ws:  # an error of its own: the test does not lean on the ones before it
+        start(ws)
+        ws.send("not json")
+        assert next_error(ws)["code"] == "bad_json"
     body = httpx.get(server.url + "/metrics", timeout=30).text
     assert 'voxlane_errors_total{code="bad_json"}' in body
     assert "voxlane_sessions_opened_total" in body and "process_resident_memory_bytes" in body
