@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +17,9 @@ from app.client_mic import run_mic
 from app.config import AppConfig
 from app.server.app import create_app
 from app.server.pipeline_conversations import PipelineConversations
-from app.server.runner import BackgroundServer, free_port
+from app.server.runner import BackgroundServer, bind_socket
 from pipeline.wavfile import read_wav
+from tests.setup_needs import need_command
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,10 +38,9 @@ def server():
 @pytest.fixture(scope="module")
 def stereo_question_wav(question_wav, tmp_path_factory):
     """The shared spoken question as 44.1 kHz stereo: the client sends any input format."""
-    if not shutil.which("sox"):
-        pytest.skip("sox is needed to convert the test question (apt-get install sox)")
+    sox = need_command("sox")
     wav = tmp_path_factory.mktemp("client") / "question.wav"
-    subprocess.run(["sox", str(question_wav), "-r", "44100", "-c", "2", str(wav)], check=True)
+    subprocess.run([sox, str(question_wav), "-r", "44100", "-c", "2", str(wav)], check=True)
     return wav
 
 
@@ -78,7 +77,8 @@ def test_client_mic_with_the_device_double(server, stereo_question_wav):
 
 
 def test_client_without_a_server_says_so():
-    done = _client("--url", f"ws://127.0.0.1:{free_port()}/ws", "--text", "hello", "--timeout", "10")
+    with bind_socket() as nobody:  # bound, never listening: the connection is refused
+        done = _client("--url", f"ws://127.0.0.1:{nobody.getsockname()[1]}/ws", "--text", "hello", "--timeout", "10")
     assert done.returncode == 1
     assert "cannot talk to" in done.stderr and "Traceback" not in done.stderr
 
