@@ -30,6 +30,7 @@ from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceIds
 from engine.stream import TokenStream
+from engine.open_turn import open_user_turn_ids, sentence_end_token_ids
 from engine.text import StopStringFilter
 
 Prompt = list[dict] | list[int] | str  # chat messages, token ids, or raw text
@@ -80,6 +81,7 @@ class LLMEngine:
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps
         self._tokens_generated = 0
         self._steps = 0
+        self._sentence_end_ids: frozenset[int] | None = None
         self._closed = False
         self._thread: threading.Thread | None = None
         if not background:
@@ -141,17 +143,33 @@ class LLMEngine:
         ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
+    def encode_open_user_turn(self, messages: list[dict]) -> list[int] | None:
+        """The chat template cut right after the last user message's text: no end of turn, no
+        assistant header. What the model reads as "the user has said this so far". None when the
+        template does not render that text verbatim."""
+        return open_user_turn_ids(self.tokenizer, messages)
+
+    def sentence_end_ids(self) -> frozenset[int]:
+        """Tokens that end a sentence (".", "?", "!" first) or the turn (the end-of-turn ids)."""
+        if self._sentence_end_ids is None:
+            self._sentence_end_ids = sentence_end_token_ids(self.tokenizer, self.eos_ids)
+        return self._sentence_end_ids
+
     def submit(self, prompt: Prompt, sampling: SamplingParams | None = None, session: str | None = None, *,
-               ignore_eos: bool = False) -> TokenStream:
+               ignore_eos: bool = False, probe_ids: frozenset[int] | None = None) -> TokenStream:
         """Queue a request; returns its stream at once. ``session`` keeps the KV cache between turns;
-        ``ignore_eos`` (benchmarks) generates ``max_tokens`` whatever the model says."""
+        ``ignore_eos`` (benchmarks) generates ``max_tokens`` whatever the model says.
+
+        ``probe_ids`` makes it a probe: the prompt is prefilled (into the session's slot, which keeps
+        it, so a request that extends the prompt next prefills only the rest) and, instead of
+        sampling, ``stream.probe`` = P(next token in probe_ids); the stream ends "probed", no text."""
         sampling = sampling or SamplingParams()
         ids = self.encode(prompt)
         if not ids:
             raise ValueError("prompt: empty")
         if len(ids) >= self.max_seq_len:
             raise ValueError(f"prompt: {len(ids)} tokens do not fit max_seq_len {self.max_seq_len}")
-        seq = Sequence(self._ids.next(), ids, sampling, session)
+        seq = Sequence(self._ids.next(), ids, sampling, session, probe_ids=probe_ids)
         stream = TokenStream(seq.id, self.cancel)
         stream.prompt_tokens = len(ids)
         self._requests[seq.id] = _Request(stream, IncrementalDetokenizer(self.tokenizer, ids),
@@ -206,7 +224,9 @@ class LLMEngine:
                       for seq, start, end in plan.prefills]
             for (seq, _, end), logits in zip(plan.prefills, self.runner.prefill_many(chunks)):
                 seq.num_cached = end
-                if logits is not None:
+                if logits is not None and seq.probe_ids is not None:
+                    self._finish_probe(seq, logits)
+                elif logits is not None:
                     token = self.sampler.sample(logits[None], [seq])[0]
                     self._append(seq, token)
                     new_tokens += 1
@@ -262,6 +282,15 @@ class LLMEngine:
             self._finish(seq, "stop")
         elif len(seq.output_ids) >= seq.sampling.max_tokens or seq.num_tokens >= self.max_seq_len:
             self._finish(seq, "length")
+
+    def _finish_probe(self, seq: Sequence, logits: torch.Tensor) -> None:
+        """A probe's prompt is cached: P(next token in probe_ids) from its logits [V], no token sampled."""
+        probs = logits.float().softmax(-1)
+        ids = torch.tensor(sorted(seq.probe_ids), dtype=torch.long)
+        stream = self._requests[seq.id].stream
+        stream.probe = float(probs[ids].sum()) if len(ids) else 0.0
+        stream.cached_tokens = seq.num_reused
+        self._finish(seq, "probed")
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         # Text held back as a possible stop-string start is real output once the answer ends

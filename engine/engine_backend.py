@@ -52,6 +52,26 @@ class EngineBackend:
     def generate(self, messages: list[Message], sampling: SamplingParams, session: str | None = None) -> EngineGeneration:
         return EngineGeneration(self.engine.submit(messages, sampling, session=session))
 
+    def prefill(self, messages: list[Message], session: str | None = None,
+                probe_ids: frozenset[int] | None = None) -> float | None:
+        """Prefill ``messages`` read as an open user turn (the chat template cut right after the last
+        user text, engine/open_turn.py) into ``session``'s slot, which keeps it: the answer submitted
+        next (the same text, then punctuation and the assistant header) prefills only the rest.
+        One prefill, no sampling; blocks until the engine ran it. Returns P(next token in
+        ``probe_ids``) when given, else None (also None when the template hides the text)."""
+        ids = self.engine.encode_open_user_turn(messages)
+        if ids is None or len(ids) >= self.engine.max_seq_len:
+            return None
+        stream = self.engine.submit(ids, session=session, probe_ids=probe_ids if probe_ids is not None else frozenset())
+        for _ in stream:  # a probe yields no text; this waits for its end
+            pass
+        return stream.probe if probe_ids is not None else None
+
+    def probe_sentence_end(self, messages: list[Message], session: str | None = None) -> float | None:
+        """P(the next token ends a sentence or the turn) right after the last user message's text:
+        the end-of-turn text signal (pipeline/endpointing/). A ``prefill`` with the sentence-end ids."""
+        return self.prefill(messages, session, self.engine.sentence_end_ids())
+
     def count_tokens(self, messages: list[Message]) -> int:
         return len(self.engine.encode(messages))
 

@@ -24,6 +24,8 @@ class Sequence:
     prompt_ids: list[int]
     sampling: SamplingParams
     session: str | None = None
+    # A probe: prefill only, then P(next token in probe_ids) instead of sampling (see LLMEngine.submit).
+    probe_ids: frozenset[int] | None = None
     output_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     slot: int = -1

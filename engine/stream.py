@@ -13,7 +13,7 @@ class TokenStream:
     """Iterate (``for delta in stream``) or ``async for delta in stream``; ``cancel()`` from anywhere.
 
     The engine thread ``put``s deltas and finally ``close``s; after the end ``finish_reason`` is one
-    of "stop", "length", "cancelled", "error", and ``output_ids``/``ttft_s`` describe the answer.
+    of "stop", "length", "cancelled", "error" ("probed" for a probe), and ``output_ids``/``ttft_s`` describe the answer.
     """
 
     def __init__(self, request_id: int, cancel: Callable[[int], None]):
@@ -28,6 +28,7 @@ class TokenStream:
         self.first_token_at: float | None = None  # perf_counter() stamps, for throughput figures
         self.finished_at: float | None = None
         self.error: BaseException | None = None
+        self.probe: float | None = None  # a probe request's P(next token in probe_ids), set before the end
 
     # -- engine side --
     def put(self, delta: str) -> None:

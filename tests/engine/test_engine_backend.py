@@ -50,3 +50,25 @@ def test_cancel_ends_stream_and_frees_slot(backend):
     while backend.stats().slots_busy and time.time() < deadline:
         time.sleep(0.01)
     assert backend.stats().slots_busy == 0
+
+
+def test_sentence_end_probe_reads_unfinished_words_and_leaves_the_prefill_for_the_answer(backend):
+    """The end-of-turn text signal: one prefill, no token sampled; fragments score far below
+    finished requests; the session's slot keeps the prefill, so the answer reuses it."""
+    system = {"role": "system", "content": "You are a helpful voice assistant."}
+
+    def probe(text: str, session: str | None = None) -> float:
+        return backend.probe_sentence_end([system, {"role": "user", "content": text}], session)
+
+    for fragment, complete in [("What is the capital of", "What is the capital of France"),
+                               ("Remind me to", "Remind me to buy milk tomorrow morning")]:
+        p_fragment, p_complete = probe(fragment), probe(complete)
+        assert 0.0 <= p_fragment < 0.01 < p_complete <= 1.0, (fragment, p_fragment, p_complete)
+    assert probe("How many legs does", "probe-1") < probe("How many legs does a spider have", "probe-1")
+    open_ids = backend.engine.encode_open_user_turn([system, {"role": "user", "content": "How many legs does a spider have"}])
+    answer = backend.generate([system, {"role": "user", "content": "How many legs does a spider have?"}],
+                              SamplingParams(temperature=0, max_tokens=4), session="probe-1")
+    assert "".join(answer) and answer.stream.cached_tokens >= len(open_ids) - 1
+    assert backend.stats().slots_busy == 0 and backend.engine.num_open_requests == 0
+    backend.end_session("probe-1")
+    assert backend.probe_sentence_end([system, {"role": "user", "content": "  "}]) is None
