@@ -205,7 +205,10 @@ def _with_local_server(args, questions) -> LoadReport:
 
     config = load_config(args.config)
     config = dataclasses.replace(config, server=dataclasses.replace(
-        config.server, host="127.0.0.1", max_sessions=max(config.server.max_sessions, args.clients)))
+        config.server, host="127.0.0.1", max_sessions=max(config.server.max_sessions, args.clients),
+        max_connections=max(config.server.max_connections, 2 * args.clients),
+        max_pending_sockets=max(config.server.max_pending_sockets, args.clients),
+        max_pending_per_client=max(config.server.max_pending_per_client, args.clients)))
     print(f"loading models (LLM backend {config.llm.backend}) …", file=sys.stderr, flush=True)
     factory = PipelineConversations(config)
     factory.warm_up()

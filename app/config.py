@@ -11,6 +11,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from app.model_store import PACKAGED, is_hub_name
 from engine.config import EngineConfig
@@ -20,20 +21,27 @@ from pipeline.schema import SchemaError, build, check
 LLM_BACKENDS = ("engine", "transformers", "openai")
 MODEL_KINDS = ("asr", "llm", "tts", "vad", "turn")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+MIN_TOKEN_CHARS = 16  # a guessable token is no gate
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Where and how ``voxlane serve`` listens, and its limits."""
+    """Where and how ``voxlane serve`` listens, and its limits (the threat model: docs/operations.md)."""
 
     host: str = "127.0.0.1"  # loopback only by default; anything else requires access_token
     port: int = 7860  # 0: any free port (voxlane serve prints the one it got)
-    max_sessions: int = 8
-    max_connections: int = 64  # open /ws sockets, started or not (a flood of idle sockets gets "busy")
-    max_message_bytes: int = 1 << 20  # one WebSocket message (an audio frame or a JSON message)
+    max_sessions: int = 8  # started /ws sessions (counted from "start" on)
+    max_connections: int = 128  # open connections of every kind (HTTP, WebSocket); more are closed at once
+    max_pending_sockets: int = 16  # /ws sockets that have not sent "start" yet; more get "busy"
+    max_pending_per_client: int = 8  # the same, per client address
+    max_message_bytes: int = 1 << 20  # one WebSocket message after "start" (an audio frame)
+    max_body_bytes: int = 1 << 20  # one HTTP request body; more get 413 before any route reads it
+    header_timeout_s: float = 10.0  # a connection must send a request's headers within this
+    body_timeout_s: float = 30.0  # and its whole body within this (408)
     access_token: str = ""  # required from clients when set; must be set when host is not loopback
+    allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides the bound address (DNS rebinding)
     allowed_origins: tuple[str, ...] = ()  # extra browser Origins allowed besides the server's own
-    start_timeout_s: float = 30.0  # a socket must send "start" within this
+    start_timeout_s: float = 5.0  # a socket must send "start" within this
     stall_timeout_s: float = 20.0  # a turn whose pipeline produces nothing for this long ends with "timeout"
     send_timeout_s: float = 10.0  # a client that reads nothing for this long is dropped ("slow_client")
     max_session_s: float = 4 * 3600.0  # a session lasts at most this long ("session_expired")
@@ -45,15 +53,29 @@ class ServerConfig:
         check(1 <= self.max_sessions <= 1024, "max_sessions", f"must be in [1, 1024], got {self.max_sessions}")
         check(self.max_sessions <= self.max_connections <= 65536, "max_connections",
               f"must be in [max_sessions ({self.max_sessions}), 65536], got {self.max_connections}")
-        check(1024 <= self.max_message_bytes <= 64 << 20, "max_message_bytes",
-              f"must be in [1024, 64 MiB], got {self.max_message_bytes}")
+        check(1 <= self.max_pending_sockets <= self.max_connections, "max_pending_sockets",
+              f"must be in [1, max_connections ({self.max_connections})], got {self.max_pending_sockets}")
+        check(1 <= self.max_pending_per_client <= self.max_pending_sockets, "max_pending_per_client",
+              f"must be in [1, max_pending_sockets ({self.max_pending_sockets})], got {self.max_pending_per_client}")
+        for name in ("max_message_bytes", "max_body_bytes"):
+            value = getattr(self, name)
+            check(1024 <= value <= 64 << 20, name, f"must be in [1024, 64 MiB], got {value}")
         for name, low, high in (("start_timeout_s", 1, 3600), ("stall_timeout_s", 0.1, 3600),
                                 ("send_timeout_s", 0.1, 3600), ("max_session_s", 1, 7 * 86400),
+                                ("header_timeout_s", 0.5, 600), ("body_timeout_s", 0.5, 3600),
                                 ("max_messages_per_s", 1, 100_000), ("max_audio_speed", 1, 1000)):
             value = getattr(self, name)
             check(low <= value <= high, name, f"must be in [{low}, {high}], got {value}")
         check(self.host in LOOPBACK or bool(self.access_token), "access_token",
               f"must be set when host is {self.host!r} (not loopback): anyone on the network could talk to it")
+        check(not self.access_token or (len(self.access_token) >= MIN_TOKEN_CHARS and self.access_token.isprintable()
+                                        and self.access_token.strip() == self.access_token),
+              "access_token", f"must be at least {MIN_TOKEN_CHARS} printable characters without surrounding spaces "
+                              "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(24))'`)")
+        for origin in self.allowed_origins:
+            parts = urlsplit(origin)
+            check(parts.scheme in ("http", "https") and bool(parts.netloc) and parts.path in ("", "/")
+                  and not parts.query, "allowed_origins", f"{origin!r} is not an origin (scheme://host[:port])")
 
 
 def _check_model(field_name: str, spec: str, kind: str) -> None:

@@ -34,6 +34,25 @@ class SessionFilter(logging.Filter):
         return True
 
 
+class QueryStringFilter(logging.Filter):
+    """Cuts the query string off every path in a record's arguments: ``/ws?token=…`` is logged as
+    ``/ws?…``. uvicorn's access lines print the full path, and a query string can hold the token."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(isinstance(a, str) and "?" in a for a in record.args):
+            record.args = tuple(a.split("?", 1)[0] + "?…" if isinstance(a, str) and a.startswith("/") and "?" in a
+                                else a for a in record.args)
+        return True
+
+
+def hide_query_strings() -> None:
+    """Installs QueryStringFilter on uvicorn's loggers (idempotent)."""
+    for name in ("uvicorn.access", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, QueryStringFilter) for f in logger.filters):
+            logger.addFilter(QueryStringFilter())
+
+
 class KeyValueFormatter(logging.Formatter):
     """``ts=... level=... logger=... session=... msg="..."``: greppable, and parseable by log shippers."""
 

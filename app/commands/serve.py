@@ -38,8 +38,6 @@ def run(args) -> int:
 
     setup_logging(args.log_level, as_json=args.log_json)
 
-    import uvicorn
-
     from app.server.app import create_app
     from app.server.pipeline_conversations import PipelineConversations
 
@@ -62,14 +60,26 @@ def run(args) -> int:
                      routers=(openai_router(factory.llm, config.models.llm),))
     print(f"voxlane: serving on {url}  (WebSocket: {url.replace('http', 'ws', 1)}/ws, "
           f"OpenAI-compatible: {url}/v1, metrics: /metrics)", file=sys.stderr, flush=True)
+    import uvicorn
+
+    from app.server.connections import uvicorn_config
+
+    freeze_warm_heap()
     try:
-        # Oversized messages within 4x the limit get a JSON error with a code from the handler;
-        # anything bigger is refused by the transport itself (close 1009) before it is buffered.
         # log_config=None: uvicorn's own loggers go through the structured handler too.
-        uvicorn.Server(uvicorn.Config(app, host=server.host, port=sock.getsockname()[1], log_level=args.log_level,
-                                      log_config=None, ws_max_size=4 * server.max_message_bytes,
-                                      ws_per_message_deflate=False)).run(sockets=[sock])
+        uvicorn.Server(uvicorn_config(app, server, server.host, sock.getsockname()[1], log_level=args.log_level,
+                                      log_config=None)).run(sockets=[sock])
     finally:
         sock.close()
         factory.close()
     return 0
+
+
+def freeze_warm_heap() -> None:
+    """Moves every object alive after warm-up (models, tokenizers, modules: millions of them) out
+    of the garbage collector's reach: a full collection then scans only what requests allocate,
+    instead of pausing the event loop for the whole heap (measured in docs/operations.md)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()

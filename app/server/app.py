@@ -1,18 +1,19 @@
-"""The one ASGI app ``voxlane serve`` runs: ``/ws``, ``/healthz``, ``/metrics``, ``/static`` and the
-Gradio page at ``/``, all on one port."""
+"""The one ASGI app ``voxlane serve`` runs: ``/ws``, ``/healthz``, ``/metrics``, ``/static``, extra
+routers (``/v1``) and the Gradio page at ``/``, all on one port, all behind one gate
+(app/server/gate.py: Host, Origin and CORS, the access token, body size and time)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, WebSocket
+from fastapi import APIRouter, FastAPI, WebSocket
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from app.config import AppConfig
 from app.metrics import CONTENT_TYPE, Metrics
 from app.server import protocol
-from app.server.access import is_token_valid
 from app.server.conversation import ConversationFactory
+from app.server.gate import Gate
 from app.server.registry import SessionRegistry
 from app.server.ws import SocketHandler
 
@@ -21,17 +22,20 @@ STATIC_DIR = Path(__file__).parent / "static"
 
 def create_app(config: AppConfig, factory: ConversationFactory, with_ui: bool = True,
                routers: tuple[APIRouter, ...] = ()) -> FastAPI:
-    """Routes declared before the Gradio mount win, so Gradio (at ``/``) never shadows them.
-    ``routers`` (e.g. the OpenAI-compatible ``/v1``) need the access token when one is set."""
+    """Routes declared before the Gradio mount win, so Gradio (at ``/``) never shadows them. The
+    gate in front of everything checks the access token, when one is set, for every route but
+    ``/healthz`` (``/ws`` may carry it in its ``start`` message instead)."""
     app = FastAPI(title="Voxlane", docs_url=None, redoc_url=None, openapi_url=None)
-    registry = SessionRegistry(config.server.max_sessions, config.server.max_connections)
+    server = config.server
+    registry = SessionRegistry(server.max_sessions, server.max_pending_sockets, server.max_pending_per_client)
     app.state.registry = registry
+    app.state.server_config = config.server  # BackgroundServer reads the transport's bounds from here
     app.state.factory = factory
     metrics = Metrics(engine_stats=engine_stats_of(factory))
     app.state.metrics = metrics
 
     @app.get("/healthz")
-    def healthz() -> JSONResponse:
+    async def healthz() -> JSONResponse:  # on the loop, not the thread pool: it must answer under load
         return JSONResponse({"status": "ok", "protocol": protocol.VERSION,
                              "sessions": registry.num_open, "max_sessions": registry.max_sessions,
                              "personas": factory.persona_names()})
@@ -40,17 +44,12 @@ def create_app(config: AppConfig, factory: ConversationFactory, with_ui: bool = 
     async def websocket(ws: WebSocket) -> None:
         await SocketHandler(ws, config.server, factory, registry, metrics).run()
 
-    def require_token(request: Request) -> None:
-        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not is_token_valid(given, config.server):
-            raise HTTPException(status_code=401, detail="a valid access token is required (Authorization: Bearer)")
-
-    @app.get("/metrics", dependencies=[Depends(require_token)])
+    @app.get("/metrics")
     def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     for router in routers:
-        app.include_router(router, dependencies=[Depends(require_token)])
+        app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     if with_ui:
         import gradio as gr
@@ -60,8 +59,10 @@ def create_app(config: AppConfig, factory: ConversationFactory, with_ui: bool = 
 
         blocks = build_ui(persona_store(config), factory.default_persona())
         # ssr_mode=False: server-side rendering would need a Node server; the page is static anyway.
+        # Uploads are capped like every body (the page itself uploads nothing).
         app = gr.mount_gradio_app(app, blocks, path="/", ssr_mode=False, head=HEAD, theme=_theme(),
-                                  footer_links=[])
+                                  footer_links=[], max_file_size=config.server.max_body_bytes)
+    app.add_middleware(Gate, config=config.server)  # outermost of the app's own layers: before any route
     return app
 
 

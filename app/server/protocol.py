@@ -13,6 +13,11 @@ VERSION = 1
 MIN_INPUT_RATE_HZ = 8000
 MAX_INPUT_RATE_HZ = 192000
 MAX_TEXT_CHARS = 4000
+# Text frames are refused by size before they are parsed (parsing runs on the event loop). Before
+# "start" a socket has not shown the token yet: a start message is a few hundred bytes. After it,
+# the largest text turn is 4,000 characters, each at most 12 bytes as JSON ("\ud83d\ude00").
+MAX_START_BYTES = 4096
+MAX_TEXT_FRAME_BYTES = 64 * 1024
 
 
 class ErrorCode:
@@ -25,6 +30,7 @@ class ErrorCode:
     UNSUPPORTED_VERSION = "unsupported_version"  # fatal
     UNAUTHORIZED = "unauthorized"  # fatal: the server has an access token and it was not given
     FORBIDDEN_ORIGIN = "forbidden_origin"  # fatal: a browser page from another site
+    FORBIDDEN_HOST = "forbidden_host"  # fatal: a Host header that names another server (DNS rebinding)
     BUSY = "busy"  # fatal: max_sessions conversations are already open
     TOO_LARGE = "message_too_large"  # fatal: a message above max_message_bytes
     BAD_AUDIO = "bad_audio"  # a binary frame that is not whole PCM16 samples
@@ -42,6 +48,7 @@ CLOSE_CODES = {
     ErrorCode.UNSUPPORTED_VERSION: 4000,
     ErrorCode.UNAUTHORIZED: 4001,
     ErrorCode.FORBIDDEN_ORIGIN: 4003,
+    ErrorCode.FORBIDDEN_HOST: 4003,
     ErrorCode.BUSY: 1013,  # "try again later"
     ErrorCode.TOO_LARGE: 1009,  # "message too big"
     ErrorCode.INTERNAL: 1011,
@@ -136,10 +143,10 @@ def parse_client_text(text: str) -> ClientMessage:
     """One client text message -> a message object; raises ProtocolError with a code."""
     try:
         data = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ProtocolError(ErrorCode.BAD_JSON, f"not JSON: {error}") from None
     except RecursionError:  # [[[[...]]]] nested deeper than the parser's stack
         raise ProtocolError(ErrorCode.BAD_JSON, "JSON nested too deeply") from None
+    except ValueError as error:  # JSONDecodeError, and what the parser refuses (an int of 4,300+ digits)
+        raise ProtocolError(ErrorCode.BAD_JSON, f"not JSON this server reads: {str(error)[:200]}") from None
     if not isinstance(data, dict):
         raise ProtocolError(ErrorCode.BAD_JSON, "a message must be a JSON object")
     kind = data.get("type")

@@ -2,11 +2,15 @@
 Voxlane in another program (``voxlane serve`` runs uvicorn in the foreground instead)."""
 from __future__ import annotations
 
+import dataclasses
 import socket
 import threading
 import time
 
 import uvicorn
+
+from app.config import ServerConfig
+from app.server.connections import uvicorn_config
 
 
 def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
@@ -29,15 +33,19 @@ class BackgroundServer:
     """``with BackgroundServer(app) as server: ... server.ws_url ...``
 
     Listens on ``sock`` when given (a socket from ``bind_socket``), else on a socket it binds to
-    ``host:port`` (port 0 or None: any free port; ``server.port`` is the one it got)."""
+    ``host:port`` (port 0 or None: any free port; ``server.port`` is the one it got). The
+    transport's bounds come from ``server`` (default: the config ``create_app`` left in
+    ``app.state``)."""
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int | None = None, max_message_bytes: int = 1 << 20,
-                 sock: socket.socket | None = None):
+    def __init__(self, app, host: str = "127.0.0.1", port: int | None = None, max_message_bytes: int | None = None,
+                 sock: socket.socket | None = None, server: ServerConfig | None = None, log_level: str = "warning"):
         self._socket = sock if sock is not None else bind_socket(host, port or 0)
         self.host = host
         self.port = self._socket.getsockname()[1]
-        config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", lifespan="off",
-                                ws_max_size=4 * max_message_bytes, ws_per_message_deflate=False)
+        server = server or getattr(getattr(app, "state", None), "server_config", None) or ServerConfig()
+        if max_message_bytes is not None:
+            server = dataclasses.replace(server, max_message_bytes=max_message_bytes)
+        config = uvicorn_config(app, server, host, self.port, log_level=log_level, lifespan="off")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
                                         name="voxlane-uvicorn", daemon=True)
@@ -57,6 +65,7 @@ class BackgroundServer:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"the server did not start on {self.url}")
             time.sleep(0.05)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
         return self
 
     def stop(self) -> None:

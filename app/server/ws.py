@@ -19,8 +19,9 @@ from app.config import ServerConfig
 from app.logs import SESSION
 from app.metrics import Metrics
 from app.server import protocol as p
-from app.server.access import is_origin_allowed, is_token_valid
+from app.server.access import is_token_valid
 from app.server.conversation import ConversationFactory
+from app.server.gate import AUTHORIZED
 from app.server.limits import TokenBucket
 from app.server.registry import SessionLimitReached, SessionRegistry
 from app.server.session import CLOSED, Session
@@ -54,24 +55,24 @@ class SocketHandler:
         self._messages = TokenBucket(config.max_messages_per_s, 2 * config.max_messages_per_s)
         self._audio = TokenBucket(config.max_audio_speed, AUDIO_BURST_S)
         self._last_rate_error = -RATE_ERROR_INTERVAL_S
+        self.client = websocket.client.host if websocket.client else ""
+        self._is_pending = False
 
     async def run(self) -> None:
         self._task = asyncio.current_task()
-        self.registry.num_connections += 1
         try:
             await self._run()
         finally:
-            self.registry.num_connections -= 1
+            self._leave_pending()
 
     async def _run(self) -> None:
         await self.ws.accept()
         try:
-            if self.registry.num_connections > self.registry.max_connections:
-                raise p.ProtocolError(p.ErrorCode.BUSY, f"{self.registry.max_connections} connections are open "
-                                                        "(server.max_connections)")
-            if not is_origin_allowed(self.ws.headers.get("origin"), self.ws.headers.get("host"), self.config):
-                raise p.ProtocolError(p.ErrorCode.FORBIDDEN_ORIGIN,
-                                      "this page's origin may not use the server (server.allowed_origins)")
+            try:  # a socket holds a small "not started" place until its "start" is accepted
+                self.registry.enter_pending(self.client)
+                self._is_pending = True
+            except SessionLimitReached as error:
+                raise p.ProtocolError(p.ErrorCode.BUSY, str(error)) from None
             await self._serve()
         except (_Closed, WebSocketDisconnect):
             pass
@@ -88,6 +89,11 @@ class SocketHandler:
         finally:
             await self._cleanup()
 
+    def _leave_pending(self) -> None:
+        if self._is_pending:
+            self._is_pending = False
+            self.registry.leave_pending(self.client)
+
     def _end_session(self, code: str, message: str) -> None:
         """Ends the session from outside the reader (the sender, a timer): cancels the reader,
         whose ``run`` then sends the fatal error and cleans up."""
@@ -97,8 +103,10 @@ class SocketHandler:
             self._task.cancel()
 
     async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        start_deadline = loop.time() + self.config.start_timeout_s  # for the whole phase, not per message
         while True:
-            timeout = self.config.start_timeout_s if self.session is None else None
+            timeout = None if self.session is not None else max(0.0, start_deadline - loop.time())
             try:
                 message = await asyncio.wait_for(self.ws.receive(), timeout)
             except asyncio.TimeoutError:
@@ -111,19 +119,29 @@ class SocketHandler:
                 if error.is_fatal:
                     raise
                 if error.code == p.ErrorCode.RATE_LIMITED:
-                    now = asyncio.get_running_loop().time()
+                    now = loop.time()
                     if now - self._last_rate_error < RATE_ERROR_INTERVAL_S:
                         continue  # dropped quietly: one answer per second is enough
                     self._last_rate_error = now
                 await self._send_now(p.error_message(error.code, error.message))
 
+    def _check_size(self, data: bytes | None, text: str | None) -> None:
+        """Per phase, by size alone (nothing is parsed yet): before "start" a few KiB; after it, text
+        frames near what a text turn needs and audio up to max_message_bytes."""
+        size = len(data) if data is not None else len(text or "")  # bytes of audio, characters of text (O(1))
+        if self.session is None:
+            limit, what = p.MAX_START_BYTES, "before 'start'"
+        elif data is None:
+            limit, what = min(p.MAX_TEXT_FRAME_BYTES, self.config.max_message_bytes), "for a text message"
+        else:
+            limit, what = self.config.max_message_bytes, "(server.max_message_bytes)"
+        if size > limit:
+            unit = "bytes" if data is not None else "characters"
+            raise p.ProtocolError(p.ErrorCode.TOO_LARGE, f"a message of {size} {unit} is above {limit} {what}")
+
     async def _handle(self, message: dict) -> None:
         data, text = message.get("bytes"), message.get("text")
-        size = len(data) if data is not None else len((text or "").encode())
-        if size > self.config.max_message_bytes:
-            raise p.ProtocolError(p.ErrorCode.TOO_LARGE,
-                                  f"a message of {size} bytes is above server.max_message_bytes "
-                                  f"({self.config.max_message_bytes})")
+        self._check_size(data, text)
         if data is not None:
             if self.session is None:
                 raise p.ProtocolError(p.ErrorCode.NOT_STARTED, "send 'start' before audio")
@@ -168,10 +186,8 @@ class SocketHandler:
     async def _start(self, request: p.Start) -> None:
         if self.session is not None:
             raise p.ProtocolError(p.ErrorCode.ALREADY_STARTED, "this socket's session is already started")
-        header = self.ws.headers.get("authorization", "")
-        token = (request.token or self.ws.query_params.get("token", "")
-                 or (header[7:].strip() if header.lower().startswith("bearer ") else ""))
-        if not is_token_valid(token, self.config):
+        # The gate already checked the connection's own token (header, cookie, ?token=).
+        if not (self.ws.scope.get(AUTHORIZED) or is_token_valid(request.token, self.config)):
             raise p.ProtocolError(p.ErrorCode.UNAUTHORIZED, "a valid access token is required (server.access_token)")
         persona = request.persona or self.factory.default_persona()
         self._check_persona(persona)
@@ -179,6 +195,7 @@ class SocketHandler:
             self.session_id = self.registry.acquire()
         except SessionLimitReached as error:
             raise p.ProtocolError(p.ErrorCode.BUSY, str(error)) from None
+        self._leave_pending()  # a session's place now, counted against max_sessions
         SESSION.set(self.session_id)  # log lines of this connection (and of threads started here) name it
         self.metrics.on_session_opened()
         conversation = await asyncio.to_thread(self.factory.open, persona)  # starts threads: off the loop

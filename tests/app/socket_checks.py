@@ -4,6 +4,7 @@ pipeline, generation, held LLM slot or per-session thread left)."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 
@@ -102,3 +103,15 @@ def closed_with(ws) -> int:
         while True:
             ws.recv(timeout=30)
     return closed.value.rcvd.code if closed.value.rcvd else None
+
+
+class LogLines(logging.Handler):
+    """Every record's message, for tests that attach it to a logger (after the server's uvicorn
+    config is built: it replaces its loggers' handlers)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())

@@ -44,14 +44,14 @@ AFTER_START = [
     ("null", "bad_json"),
     ("", "bad_json"),
     ("{", "bad_json"),
-    ("[" * 100_000, "bad_json"),  # deeper than the parser's stack
+    ("[" * 60_000, "bad_json"),  # deeper than the parser's stack (and within the 64 KiB text-frame cap)
     (json.dumps({"type": "dance"}), "bad_message"),
     (json.dumps({}), "bad_message"),
     (json.dumps({"type": 5}), "bad_message"),
     (json.dumps({"type": "text"}), "bad_message"),
     (json.dumps({"type": "text", "text": 5}), "bad_message"),
     (json.dumps({"type": "text", "text": "   "}), "bad_message"),
-    (json.dumps({"type": "text", "text": "x" * 100_000}), "bad_message"),
+    (json.dumps({"type": "text", "text": "x" * 5_000}), "bad_message"),  # above 4,000 characters
     ('{"type": "text", "text": "\\ud800"}', "bad_message"),  # a lone surrogate no UTF-8 answer can carry
     (json.dumps({"type": "played", "gen": -1, "samples": 3}), "bad_message"),
     (json.dumps({"type": "played", "gen": 1, "samples": "3"}), "bad_message"),
@@ -281,10 +281,10 @@ def test_metrics_count_errors_by_code(server):
 
 
 def test_access_token_in_the_first_message_the_url_or_a_header(silero_vad_path):
-    with make_server(silero_vad_path, access_token="s3cret") as running:
-        for url, headers, extra in ((running.ws_url, None, {"token": "s3cret"}),
-                                    (running.ws_url + "?token=s3cret", None, {}),
-                                    (running.ws_url, {"Authorization": "Bearer s3cret"}, {})):
+    with make_server(silero_vad_path, access_token="s3cret-s3cret-s3cret") as running:
+        for url, headers, extra in ((running.ws_url, None, {"token": "s3cret-s3cret-s3cret"}),
+                                    (running.ws_url + "?token=s3cret-s3cret-s3cret", None, {}),
+                                    (running.ws_url, {"Authorization": "Bearer s3cret-s3cret-s3cret"}, {})):
             with connect(url, additional_headers=headers) as ws:
                 start(ws, **extra)
                 assert_normal_turn(ws)
@@ -330,16 +330,17 @@ def test_token_bucket_and_turn_watch_on_a_fake_clock():
 def test_a_flood_of_idle_connections_is_capped(silero_vad_path):
     import contextlib
 
-    with make_server(silero_vad_path, max_sessions=2, max_connections=3, start_timeout_s=30.0) as running:
+    with make_server(silero_vad_path, max_sessions=2, max_pending_sockets=3, max_pending_per_client=3,
+                     start_timeout_s=30.0) as running:
         with contextlib.ExitStack() as stack:
             idle = [stack.enter_context(connect(running.ws_url)) for _ in range(3)]  # connected, never started
             with connect(running.ws_url) as ws:
                 error = next_error(ws)
-                assert error["code"] == "busy" and "max_connections" in error["message"]
+                assert error["code"] == "busy" and "max_pending_sockets" in error["message"]
                 assert closed_with(ws) == 1013
             idle[0].close()
             deadline = time.monotonic() + 10
-            while running.registry.num_connections > 2 and time.monotonic() < deadline:
+            while running.registry.num_pending > 2 and time.monotonic() < deadline:
                 time.sleep(0.02)
             with connect(running.ws_url) as ws:  # a place is free again
                 start(ws)

@@ -224,12 +224,12 @@ def test_audio_frames_and_playback_reports_reach_the_conversation(server):
 
 
 def test_access_token_is_required_when_configured():
-    config = AppConfig(server=ServerConfig(access_token="s3cret"))
+    config = AppConfig(server=ServerConfig(access_token="s3cret-s3cret-s3cret"))
     with BackgroundServer(create_app(config, ScriptedFactory(), with_ui=False)) as running:
         with connect(running.ws_url) as ws:
             ws.send(json.dumps({"type": "start", "sample_rate": 16000, "token": "wrong"}))
             assert _closed_with(ws, "unauthorized") == 4001
         with connect(running.ws_url) as ws:
-            assert _start(ws, token="s3cret")["type"] == "ready"
-        with connect(running.ws_url + "?token=s3cret") as ws:
+            assert _start(ws, token="s3cret-s3cret-s3cret")["type"] == "ready"
+        with connect(running.ws_url + "?token=s3cret-s3cret-s3cret") as ws:
             assert _start(ws)["type"] == "ready"

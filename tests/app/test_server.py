@@ -63,10 +63,10 @@ def test_extra_routes_need_the_access_token_when_one_is_set():
 
     router = APIRouter(prefix="/v1")
     router.get("/models")(lambda: {"data": []})
-    config = AppConfig(server=ServerConfig(access_token="s3cret"))
+    config = AppConfig(server=ServerConfig(access_token="s3cret-s3cret-s3cret"))
     with BackgroundServer(create_app(config, ScriptedFactory(), with_ui=False, routers=(router,))) as running:
         assert httpx.get(running.url + "/v1/models", timeout=30).status_code == 401
-        authorized = httpx.get(running.url + "/v1/models", headers={"Authorization": "Bearer s3cret"}, timeout=30)
+        authorized = httpx.get(running.url + "/v1/models", headers={"Authorization": "Bearer s3cret-s3cret-s3cret"}, timeout=30)
         assert authorized.status_code == 200 and authorized.json() == {"data": []}
 
 
@@ -77,10 +77,10 @@ def test_metrics_endpoint_counts_sessions_and_needs_the_token_when_set():
 
     from app.config import ServerConfig
 
-    config = AppConfig(server=ServerConfig(access_token="s3cret"))
+    config = AppConfig(server=ServerConfig(access_token="s3cret-s3cret-s3cret"))
     with BackgroundServer(create_app(config, ScriptedFactory(), with_ui=False)) as running:
         assert httpx.get(running.url + "/metrics", timeout=30).status_code == 401
-        with connect(running.ws_url + "?token=s3cret") as ws:
+        with connect(running.ws_url + "?token=s3cret-s3cret-s3cret") as ws:
             ws.send(json.dumps({"type": "start", "sample_rate": 16000}))
             assert json.loads(ws.recv(timeout=30))["type"] == "ready"
             ws.send(json.dumps({"type": "text", "text": "hi"}))
@@ -88,7 +88,7 @@ def test_metrics_endpoint_counts_sessions_and_needs_the_token_when_set():
                 message = ws.recv(timeout=30)
                 if isinstance(message, str) and json.loads(message)["type"] == "turn":
                     break
-        response = httpx.get(running.url + "/metrics", headers={"Authorization": "Bearer s3cret"}, timeout=30)
+        response = httpx.get(running.url + "/metrics", headers={"Authorization": "Bearer s3cret-s3cret-s3cret"}, timeout=30)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     assert "voxlane_sessions_opened_total 1.0" in response.text
     assert 'voxlane_turns_total{kind="text"} 1.0' in response.text

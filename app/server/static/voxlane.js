@@ -18,6 +18,13 @@
     return node;
   }
 
+  // The access token, when the server has one, comes in the page's fragment (#token=…): never
+  // sent to the server in a URL, so never in a log. It is taken once and dropped from the address
+  // bar; the server's cookie (set by its token page) authorizes the page's own requests.
+  const fragmentToken = new URLSearchParams(location.hash.slice(1)).get("token") || "";
+  if (fragmentToken) history.replaceState(null, "", location.pathname + location.search);
+  function pageToken() { return fragmentToken; }
+
   class Widget {
     constructor(root) {
       this.root = root;
@@ -101,7 +108,7 @@
       this.setStatus("Starting audio…");
       this.audio = new window.VoxlaneAudio((frame) => this.onMicFrame(frame), (m) => this.onPlayback(m));
       if (!(await this.audio.start())) this.setStatus("No microphone (" + this.audio.micError + "): you can still type.");
-      const token = new URLSearchParams(location.search).get("token") || "";
+      const token = pageToken();
       const scheme = location.protocol === "https:" ? "wss://" : "ws://";
       this.ws = new WebSocket(scheme + location.host + "/ws");
       this.ws.binaryType = "arraybuffer";
