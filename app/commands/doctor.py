@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 
 from app import model_store
-from app.config import load_config
+from app.config import MODEL_KINDS, load_config
 from pipeline.schema import SchemaError
 
 
