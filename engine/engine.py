@@ -22,7 +22,8 @@ from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kernels import load_kernels
 from engine.kv_cache import KVCache
-from engine.loader import load_config, load_model, load_tokenizer, release_file_memory
+from engine.int8_checkpoint import has_int8_checkpoint
+from engine.loader import load_config, load_int8_model, load_model, load_tokenizer, release_file_memory
 from engine.quant import quantize_int8, weight_bytes
 from engine.runner import ModelRunner
 from engine.sampler import Sampler
@@ -102,10 +103,15 @@ class LLMEngine:
     def _build(self, model_path: str | Path) -> None:
         """Model (quantized as configured), kernels, KV cache, runner and scheduler."""
         torch.set_num_threads(self.num_threads)  # per thread: the stepping thread needs its own
-        self.model = load_model(model_path, self.config.torch_dtype, self.config.max_seq_len)
-        self.model.kernels = load_kernels() if self.config.kernels else None  # None: the pure-torch path
-        if self.config.quant == "int8":
-            quantize_int8(self.model)
+        kernels = load_kernels() if self.config.kernels else None  # None: the pure-torch path
+        dtype, max_seq_len = self.config.torch_dtype, self.config.max_seq_len
+        if self.config.quant == "int8" and has_int8_checkpoint(model_path):  # prepared once: no fp32 pass
+            self.model = load_int8_model(model_path, dtype, max_seq_len, kernels)
+        else:
+            self.model = load_model(model_path, dtype, max_seq_len)
+            self.model.kernels = kernels
+            if self.config.quant == "int8":
+                quantize_int8(self.model)
         release_file_memory(self.model)
         self.weight_bytes = weight_bytes(self.model)
         self.max_seq_len = self.model.max_seq_len

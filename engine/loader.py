@@ -2,12 +2,15 @@
 
 Reads ``config.json`` and the tokenizer with transformers, the weights with safetensors (one file
 or shards), and renames/fuses them into our layout (q/k/v -> ``qkv``, gate/up -> ``gate_up``).
-A ``.gguf`` file is read through transformers' GGUF support (dequantized to fp32; slow, ~15 s),
-which is what Voxlane's model store does once for the packaged SmolLM2.
+A ``.gguf`` file (or a directory whose weights are a ``model.gguf``) is read by ``engine.gguf_file``
+and dequantized to fp32 (seconds to tens of seconds). A directory that also holds an int8
+checkpoint (``engine.int8_checkpoint``, written once by the model store) loads quantized straight
+from it: ``load_int8_model``.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -59,36 +62,57 @@ def read_hf_weights(model_dir: Path) -> dict[str, Tensor]:
     return weights
 
 
+GGUF_FILE_NAME = "model.gguf"  # the weights of a model directory prepared from a GGUF
+
+
+def gguf_file_of(model_path: str | Path) -> Path | None:
+    """The GGUF holding the weights: the path itself, or a directory's ``model.gguf`` when it has
+    no safetensors."""
+    path = Path(model_path)
+    if path.suffix == ".gguf":
+        return path
+    if path.is_dir() and not any(path.glob("*.safetensors")) and (path / GGUF_FILE_NAME).is_file():
+        return path / GGUF_FILE_NAME
+    return None
+
+
 def read_gguf_weights(gguf_path: Path) -> tuple[object, dict[str, Tensor]]:
-    """(config, HF-named fp32 tensors) from a GGUF file, dequantized by transformers."""
-    from transformers import AutoModelForCausalLM
+    """(transformers config, HF-named fp32 tensors) of a GGUF file."""
+    from engine.gguf_file import GGUFFile
+    from engine.gguf_weights import load_gguf_config, read_gguf_weights as read_weights
 
-    hf = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
-    return hf.config, dict(hf.state_dict())
+    gguf = GGUFFile(gguf_path)
+    return load_gguf_config(gguf), read_weights(gguf)
 
 
-def convert_hf_weights(hf: dict[str, Tensor], args: ModelArgs) -> dict[str, Tensor]:
-    """HF names -> ours, fusing q/k/v into ``qkv`` and gate/up into ``gate_up``."""
-    out = {"embed.weight": hf["model.embed_tokens.weight"], "norm.weight": hf["model.norm.weight"]}
+def iter_converted_weights(hf: Mapping[str, Tensor], args: ModelArgs) -> Iterator[tuple[str, Tensor]]:
+    """(our name, tensor) pairs from HF-named tensors, fusing q/k/v into ``qkv`` and gate/up into
+    ``gate_up``; one at a time, so ``hf`` may produce its tensors lazily."""
+    yield "embed.weight", hf["model.embed_tokens.weight"]
+    yield "norm.weight", hf["model.norm.weight"]
     if not args.tie_embeddings:
-        out["lm_head.weight"] = hf["lm_head.weight"]
+        yield "lm_head.weight", hf["lm_head.weight"]
     for i in range(args.num_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         attn, mlp = src + "self_attn.", src + "mlp."
-        out[dst + "input_norm.weight"] = hf[src + "input_layernorm.weight"]
-        out[dst + "post_attn_norm.weight"] = hf[src + "post_attention_layernorm.weight"]
-        out[dst + "attn.qkv.weight"] = torch.cat([hf[attn + p + ".weight"] for p in ("q_proj", "k_proj", "v_proj")])
+        yield dst + "input_norm.weight", hf[src + "input_layernorm.weight"]
+        yield dst + "post_attn_norm.weight", hf[src + "post_attention_layernorm.weight"]
+        yield dst + "attn.qkv.weight", torch.cat([hf[attn + p + ".weight"] for p in ("q_proj", "k_proj", "v_proj")])
         if args.qkv_bias:
-            out[dst + "attn.qkv.bias"] = torch.cat([hf[attn + p + ".bias"] for p in ("q_proj", "k_proj", "v_proj")])
-        out[dst + "attn.o_proj.weight"] = hf[attn + "o_proj.weight"]
+            yield dst + "attn.qkv.bias", torch.cat([hf[attn + p + ".bias"] for p in ("q_proj", "k_proj", "v_proj")])
+        yield dst + "attn.o_proj.weight", hf[attn + "o_proj.weight"]
         if args.o_bias:
-            out[dst + "attn.o_proj.bias"] = hf[attn + "o_proj.bias"]
-        out[dst + "mlp.gate_up.weight"] = torch.cat([hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"]])
-        out[dst + "mlp.down_proj.weight"] = hf[mlp + "down_proj.weight"]
+            yield dst + "attn.o_proj.bias", hf[attn + "o_proj.bias"]
+        yield dst + "mlp.gate_up.weight", torch.cat([hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"]])
+        yield dst + "mlp.down_proj.weight", hf[mlp + "down_proj.weight"]
         if args.mlp_bias:
-            out[dst + "mlp.gate_up.bias"] = torch.cat([hf[mlp + "gate_proj.bias"], hf[mlp + "up_proj.bias"]])
-            out[dst + "mlp.down_proj.bias"] = hf[mlp + "down_proj.bias"]
-    return out
+            yield dst + "mlp.gate_up.bias", torch.cat([hf[mlp + "gate_proj.bias"], hf[mlp + "up_proj.bias"]])
+            yield dst + "mlp.down_proj.bias", hf[mlp + "down_proj.bias"]
+
+
+def convert_hf_weights(hf: Mapping[str, Tensor], args: ModelArgs) -> dict[str, Tensor]:
+    """HF names -> ours, fusing q/k/v into ``qkv`` and gate/up into ``gate_up``."""
+    return dict(iter_converted_weights(hf, args))
 
 
 def _from_pretrained(auto_class, model_path: str | Path):
@@ -101,9 +125,14 @@ def _from_pretrained(auto_class, model_path: str | Path):
 
 
 def load_config(model_path: str | Path):
-    """The transformers config of a model directory (or of a .gguf file)."""
+    """The transformers config of a model directory (or of a .gguf file, from its metadata)."""
     from transformers import AutoConfig
 
+    if Path(model_path).suffix == ".gguf":
+        from engine.gguf_file import GGUFFile
+        from engine.gguf_weights import load_gguf_config
+
+        return load_gguf_config(GGUFFile(model_path))
     return _from_pretrained(AutoConfig, model_path)
 
 
@@ -141,27 +170,54 @@ def release_file_memory(model: torch.nn.Module) -> None:
         pass
 
 
-def load_model(model_path: str | Path, dtype: torch.dtype = torch.float32, max_seq_len: int | None = None) -> Transformer:
-    """Build our ``Transformer`` from an HF directory (safetensors) or a .gguf file, in ``dtype``."""
-    path = Path(model_path)
-    if path.suffix == ".gguf":
-        config, hf_weights = read_gguf_weights(path)
-    else:
-        config, hf_weights = load_config(path), read_hf_weights(path)
+def _skeleton(config, dtype: torch.dtype, max_seq_len: int | None) -> tuple[Transformer, Tensor]:
+    """Our ``Transformer`` for ``config`` on the meta device (no random init of weights about to be
+    replaced) and its RoPE inverse frequencies."""
     args = model_args_from_config(config)
     if max_seq_len is not None:
         max_seq_len = min(max_seq_len, args.max_position_embeddings)
     inv_freq, attention_factor = rope_frequencies(config, args.head_dim)
-    weights = convert_hf_weights(hf_weights, args)
-    del hf_weights
-    with torch.device("meta"):  # no random init of 135M+ parameters we are about to overwrite
+    with torch.device("meta"):
         model = Transformer(args, inv_freq, attention_factor, max_seq_len)
-    if args.tie_embeddings:  # the head *is* the embedding: one tensor, loaded once
+    if dtype != torch.float32:
+        model = model.to(dtype)
+    return model, inv_freq
+
+
+def _finish(model: Transformer, inv_freq: Tensor, dtype: torch.dtype) -> Transformer:
+    model.inv_freq = inv_freq.float()
+    model.set_rope_dtype(dtype)
+    return model.eval().requires_grad_(False)
+
+
+def model_from_hf_weights(config, hf_weights: Mapping[str, Tensor], dtype: torch.dtype = torch.float32,
+                          max_seq_len: int | None = None) -> Transformer:
+    """Our ``Transformer`` from a transformers config and HF-named tensors, in ``dtype``."""
+    model, inv_freq = _skeleton(config, torch.float32, max_seq_len)
+    weights = convert_hf_weights(hf_weights, model.args)
+    if model.args.tie_embeddings:  # the head *is* the embedding: one tensor, loaded once
         weights["lm_head.weight"] = weights["embed.weight"]
     model.load_state_dict(weights, strict=True, assign=True)
-    if args.tie_embeddings:
+    if model.args.tie_embeddings:
         model.lm_head.weight = model.embed.weight
-    model.inv_freq = inv_freq.float()
-    model = model.to(dtype).eval()
-    model.set_rope_dtype(dtype)
-    return model.requires_grad_(False)
+    return _finish(model.to(dtype), inv_freq, dtype)
+
+
+def load_model(model_path: str | Path, dtype: torch.dtype = torch.float32, max_seq_len: int | None = None) -> Transformer:
+    """Build our ``Transformer`` from an HF directory (safetensors) or a GGUF, in ``dtype``."""
+    gguf = gguf_file_of(model_path)
+    if gguf is not None:
+        config, hf_weights = read_gguf_weights(gguf)
+    else:
+        config, hf_weights = load_config(model_path), read_hf_weights(Path(model_path))
+    return model_from_hf_weights(config, hf_weights, dtype, max_seq_len)
+
+
+def load_int8_model(model_dir: str | Path, dtype: torch.dtype = torch.float32, max_seq_len: int | None = None,
+                    kernels=None) -> Transformer:
+    """Our int8 ``Transformer`` from a directory's int8 checkpoint (see ``engine.int8_checkpoint``)."""
+    from engine.int8_checkpoint import load_int8_checkpoint
+
+    model, inv_freq = _skeleton(load_config(model_dir), dtype, max_seq_len)
+    model.kernels = kernels
+    return _finish(load_int8_checkpoint(model, model_dir), inv_freq, dtype)

@@ -132,32 +132,76 @@ class Int8Head(Int8Linear):
 
 
 class Int8Embedding(nn.Module):
-    """Embedding lookup from an int8 table with per-row scales (shared with a tied Int8Linear head)."""
+    """Embedding lookup from an int8 table with per-row scales: the tied head's own table (shared,
+    stored once), or a table of its own for an untied model (Qwen2's GGUFs carry both)."""
 
-    def __init__(self, head: Int8Linear, dtype: torch.dtype):
+    def __init__(self, table: Int8Linear, dtype: torch.dtype, shared: bool):
         super().__init__()
-        self.head = [head]  # a list: not registered twice as a submodule
+        if shared:
+            self._shared = [table]  # a list: not registered twice as a submodule
+        else:
+            self.table = table
         self.dtype = dtype
 
     def forward(self, ids: Tensor) -> Tensor:
-        head = self.head[0]
-        rows = F.embedding(ids, head.weight).to(self.dtype)  # [..., D]
-        return rows * head.scales_f32[ids].unsqueeze(-1).to(self.dtype)
+        table = self._shared[0] if hasattr(self, "_shared") else self.table
+        rows = F.embedding(ids, table.weight).to(self.dtype)  # [..., D]
+        return rows * table.scales_f32[ids].unsqueeze(-1).to(self.dtype)
+
+
+def linear_paths(num_layers: int) -> list[str]:
+    """The dotted names of every linear layer in the block stack (the head not included)."""
+    return [f"layers.{i}.{name}" for i in range(num_layers)
+            for name in ("attn.qkv", "attn.o_proj", "mlp.gate_up", "mlp.down_proj")]
+
+
+def _swap(model: nn.Module, path: str, module: nn.Module) -> None:
+    parent, _, leaf = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, module)
 
 
 def quantize_int8(model: Transformer) -> Transformer:
     """Replace every linear (attention, MLP, LM head) with an ``Int8Linear``, in place; they use
-    the model's fused kernels (``model.kernels``, set before) for fp32 decode rows."""
+    the model's fused kernels (``model.kernels``, set before) for fp32 decode rows. An untied
+    embedding becomes an int8 table too (per-row scales)."""
     dtype, kernels = model.norm.weight.dtype, model.kernels
-    for block in model.layers:
-        block.attn.qkv = Int8Linear.from_linear(block.attn.qkv, kernels)
-        block.attn.o_proj = Int8Linear.from_linear(block.attn.o_proj, kernels)
-        block.mlp.gate_up = Int8Linear.from_linear(block.mlp.gate_up, kernels)
-        block.mlp.down_proj = Int8Linear.from_linear(block.mlp.down_proj, kernels)
+    for path in linear_paths(len(model.layers)):
+        _swap(model, path, Int8Linear.from_linear(model.get_submodule(path), kernels))
     head = Int8Head.from_linear(model.lm_head, kernels)
     if model.args.tie_embeddings:
-        model.embed = Int8Embedding(head, dtype)
+        model.embed = Int8Embedding(head, dtype, shared=True)
+    else:
+        q, scales = quantize_per_channel(model.embed.weight.data)
+        model.embed = Int8Embedding(Int8Linear(q, scales, None), dtype, shared=False)
     model.lm_head = head
+    return model
+
+
+def int8_state(model: Transformer) -> dict[str, Tensor]:
+    """What a quantized model is made of: int8 weights, bf16 scales, biases and norms (derived
+    buffers such as ``scales_f32`` and the RoPE tables left out). The inverse of ``load_int8_state``."""
+    return {name: t for name, t in model.state_dict().items() if not name.endswith("scales_f32")}
+
+
+def load_int8_state(model: Transformer, state: dict[str, Tensor]) -> Transformer:
+    """Fill a model skeleton (built on the meta device) from ``int8_state``'s tensors, in place:
+    no fp32 weight is ever materialized, so a prepared int8 checkpoint loads in a second."""
+    dtype, kernels = model.norm.weight.dtype, model.kernels
+
+    def linear(prefix: str, cls: type[Int8Linear] = Int8Linear) -> Int8Linear:
+        return cls(state[prefix + ".weight"], state[prefix + ".scales"], state.get(prefix + ".bias"), kernels)
+
+    for path in linear_paths(len(model.layers)):
+        _swap(model, path, linear(path))
+    head = linear("lm_head", Int8Head)
+    model.embed = (Int8Embedding(head, dtype, shared=True) if model.args.tie_embeddings
+                   else Int8Embedding(linear("embed.table"), dtype, shared=False))
+    model.lm_head = head
+    norms = {name: t.to(dtype) for name, t in state.items() if name.endswith("norm.weight")}
+    model.load_state_dict(norms, strict=False, assign=True)
+    unfilled = [name for name, t in model.state_dict().items() if t.is_meta]
+    if unfilled:
+        raise ValueError(f"int8 state: no tensor for {unfilled[:3]} ({len(unfilled)} in all)")
     return model
 
 

@@ -20,6 +20,12 @@ def smollm2_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen05_dir() -> Path:
+    """The packaged Qwen2.5-Coder-0.5B-Instruct: joined GGUF, config, tokenizer, int8 checkpoint."""
+    return model_store.resolve("qwen2.5-0.5b-instruct", "llm")
+
+
+@pytest.fixture(scope="session")
 def whisper_base_dir() -> Path:
     return model_store.resolve("whisper-base", "asr")
 

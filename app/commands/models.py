@@ -22,7 +22,7 @@ def run(args) -> int:
         print(f"{'name':26} {'kind':5} {'ready':5}  description (packages)")
         for model in model_store.PACKAGED.values():
             ready = "yes" if model_store.is_ready(model.name) else "no"
-            print(f"{model.name:26} {model.kind:5} {ready:5}  {model.description} ({', '.join(model.packages)})")
+            print(f"{model.name:26} {model.kind:5} {ready:5}  {model.description} ({model.packages_label})")
         print(f"\nprepared models live in {model_store.home_dir()} ($VOXLANE_HOME)")
         print("any hub name (owner/name) works too on a machine with internet")
         return 0
