@@ -19,6 +19,7 @@ class EngineConfig:
     quant: str = "int8"  # weights: "none" | "int8" (weight-only, per-output-channel scales)
     max_batch_size: int = 8  # sequences decoded together in one step
     num_slots: int = 8  # KV-cache slots (running sequences + idle conversations kept warm)
+    num_shared_prefixes: int = 4  # read-only cache rows for prompt starts shared by sessions (system prompts)
     max_seq_len: int = 2048  # positions per slot (capped by the model's max_position_embeddings)
     admission_window_ms: float = 10.0  # an idle engine waits this long for more requests to batch
     prefill_chunk_tokens: int = 256  # prompt tokens per step, so a long prompt never stalls streams
@@ -37,6 +38,8 @@ class EngineConfig:
             raise ValueError(f"num_slots: must be in [1, 1024], got {self.num_slots}")
         if self.num_slots < self.max_batch_size:
             raise ValueError(f"num_slots: must be >= max_batch_size ({self.max_batch_size}), got {self.num_slots}")
+        if not 0 <= self.num_shared_prefixes <= 64:
+            raise ValueError(f"num_shared_prefixes: must be in [0, 64], got {self.num_shared_prefixes}")
         if not 16 <= self.max_seq_len <= 131072:
             raise ValueError(f"max_seq_len: must be in [16, 131072], got {self.max_seq_len}")
         if not 0.0 <= self.admission_window_ms <= 1000.0:

@@ -21,7 +21,7 @@ import torch
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kernels import load_kernels
-from engine.kv_cache import KVCache
+from engine.kv_cache import KVCache, common_prefix_length
 from engine.int8_checkpoint import has_int8_checkpoint
 from engine.loader import load_config, load_int8_model, load_model, load_tokenizer, release_file_memory
 from engine.quant import quantize_int8, weight_bytes
@@ -79,6 +79,8 @@ class LLMEngine:
         self._inbox: deque[Sequence] = deque()
         self._cancel_inbox: list[int] = []
         self._session_drops: list[tuple[str, threading.Event]] = []
+        self._prefix_requests: list[tuple[list[int], threading.Event]] = []
+        self.num_prefix_prefills = 0  # shared prefixes computed (each once, however many sessions use it)
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps
         self._tokens_generated = 0
         self._steps = 0
@@ -115,7 +117,8 @@ class LLMEngine:
         release_file_memory(self.model)
         self.weight_bytes = weight_bytes(self.model)
         self.max_seq_len = self.model.max_seq_len
-        self.kv_cache = KVCache(self.model.args, self.config.num_slots, self.max_seq_len, self.config.torch_dtype)
+        self.kv_cache = KVCache(self.model.args, self.config.num_slots, self.max_seq_len, self.config.torch_dtype,
+                                self.config.num_shared_prefixes)
         self.runner = ModelRunner(self.model, self.kv_cache, compile=self.config.compile)
         self.scheduler = Scheduler(self.kv_cache, self.config.max_batch_size, self.config.prefill_chunk_tokens)
 
@@ -212,10 +215,39 @@ class LLMEngine:
             self._lock.notify()
         done.wait(timeout=10)
 
+    def share_prefix(self, prompt: Prompt) -> threading.Event:
+        """Prefill ``prompt``'s tokens once into a read-only shared row of the KV cache: every later
+        request whose prompt starts with them (any session) copies their k/v instead of computing
+        them. For a persona's system prompt (``system_prefix_ids``). Returns an event set when the
+        prefix is ready (or cannot be kept: no shared rows configured, or too long)."""
+        ids, done = self.encode(prompt), threading.Event()
+        with self._lock:
+            self._prefix_requests.append((ids, done))
+            self._lock.notify()
+        return done
+
+    def system_prefix_ids(self, system_prompt: str) -> list[int]:
+        """The chat template's tokens up to where the first user message's text begins, after a
+        system message: the part every conversation with that system prompt shares."""
+        a, b = (self.encode([{"role": "system", "content": system_prompt}, {"role": "user", "content": text}])
+                for text in ("a", "b"))
+        return a[: common_prefix_length(a, b)]
+
     # ---- the step loop ----
     @property
     def has_work(self) -> bool:
-        return bool(self._inbox or self._cancel_inbox or self._session_drops or self.scheduler.has_work)
+        return bool(self._inbox or self._cancel_inbox or self._session_drops or self._prefix_requests
+                    or self.scheduler.has_work)
+
+    def _prefill_shared_prefix(self, ids: list[int]) -> None:
+        prefix = self.kv_cache.reserve_prefix(ids)
+        if prefix is None or prefix.is_ready:
+            return
+        chunk = self.config.prefill_chunk_tokens
+        for start in range(0, len(ids), chunk):
+            self.runner.prefill(prefix.row, ids[start: start + chunk], start, want_logits=False)
+        self.kv_cache.mark_prefix_ready(prefix)
+        self.num_prefix_prefills += 1
 
     def step(self) -> None:
         """schedule -> run -> postprocess, once."""
@@ -261,9 +293,15 @@ class LLMEngine:
             arrived, self._inbox = list(self._inbox), deque()
             cancels, self._cancel_inbox = self._cancel_inbox, []
             drops, self._session_drops = self._session_drops, []
+            prefixes, self._prefix_requests = self._prefix_requests, []
         for session, done in drops:
             self.kv_cache.drop_session(session)
             done.set()
+        for ids, done in prefixes:
+            try:
+                self._prefill_shared_prefix(ids)
+            finally:
+                done.set()
         for seq in arrived:
             self.scheduler.add(seq)
         for request_id in cancels:
@@ -365,6 +403,8 @@ class LLMEngine:
             self._thread.join(timeout=10)
         for session, done in self._session_drops:
             self.kv_cache.drop_session(session)
+            done.set()
+        for _, done in self._prefix_requests:
             done.set()
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.finish(seq, "cancelled")

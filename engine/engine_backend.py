@@ -72,6 +72,12 @@ class EngineBackend:
         the end-of-turn text signal (pipeline/endpointing/). A ``prefill`` with the sentence-end ids."""
         return self.prefill(messages, session, self.engine.sentence_end_ids())
 
+    def share_system_prompt(self, system_prompt: str, timeout_s: float = 30.0) -> None:
+        """Prefill the chat template's start with this system prompt once, for every session that
+        uses it (a read-only shared prefix in the KV cache: see ``LLMEngine.share_prefix``); waits
+        until it is ready. Sessions then start their first turn from a copy of it."""
+        self.engine.share_prefix(self.engine.system_prefix_ids(system_prompt)).wait(timeout_s)
+
     def count_tokens(self, messages: list[Message]) -> int:
         return len(self.engine.encode(messages))
 

@@ -38,20 +38,34 @@ class LLMStage(Stage):
         self.book = book
         self.session = session
         self._active: tuple[int, Generation] | None = None
+        self._shared_prompt: str | None = None  # the system prompt last given to the backend to share
         self._lock = threading.Lock()
 
     def setup(self) -> None:
-        """Prefills the persona's system prompt while the user is still speaking their first words:
-        a backend that keeps a session's KV cache (our engine) then prefills only the new turn."""
-        if not (self.config.is_prewarm_enabled and self.session):
+        """Prefills the persona's system prompt while the user is still speaking their first words.
+        A backend with shared prefixes (our engine) computes it once for every session that uses
+        it; otherwise a backend that keeps a session's KV cache prefills it into this session."""
+        if not self.config.is_prewarm_enabled:
             return
         try:
-            persona = self.persona()
-            messages = [{"role": "system", "content": persona.full_system_prompt()}, {"role": "user", "content": ""}]
+            self._share_system_prompt(self.persona())
+            if self._shared_prompt is not None or not self.session:
+                return
+            messages = [{"role": "system", "content": self.persona().full_system_prompt()},
+                        {"role": "user", "content": ""}]
             for _ in self.backend.generate(messages, SamplingParams(temperature=0.0, max_tokens=1), self.session):
                 pass
         except Exception:  # only an optimization: the first turn will say what is wrong
             log.warning("prewarming the LLM session failed", exc_info=True)
+
+    def _share_system_prompt(self, persona: Persona) -> None:
+        """Ask the backend (if it can) to keep this persona's system prompt as a shared prefix; again
+        only when the persona's prompt changed (a switch or an edit)."""
+        share = getattr(self.backend, "share_system_prompt", None)
+        prompt = persona.full_system_prompt()
+        if share is not None and prompt != self._shared_prompt:
+            share(prompt)
+            self._shared_prompt = prompt
 
     def on_system(self, frame: SystemFrame) -> None:
         # Cancel at once, from the interrupting thread: the backend frees its slot at the next token.
@@ -81,6 +95,8 @@ class LLMStage(Stage):
 
     def _answer(self, gen: int, user: str) -> Iterable[Frame]:
         persona = self.persona()
+        if self.config.is_prewarm_enabled and self._shared_prompt is not None:
+            self._share_system_prompt(persona)
         messages = self._prompt(gen, persona, user)
         self.history.begin(gen, user)
         chunker = SpeakableChunker(self.chunker_config, persona.speech)

@@ -72,3 +72,26 @@ def test_sentence_end_probe_reads_unfinished_words_and_leaves_the_prefill_for_th
     assert backend.stats().slots_busy == 0 and backend.engine.num_open_requests == 0
     backend.end_session("probe-1")
     assert backend.probe_sentence_end([system, {"role": "user", "content": "  "}]) is None
+
+
+def test_voice_sessions_of_one_persona_share_its_system_prompt_computed_once(backend):
+    """Two pipelines (voice sessions) with the same persona: the engine prefills its system prompt
+    once, and each session's first turn starts from a copy of it."""
+    from pipeline.frames import TurnDone
+    from pipeline.persona_store import PersonaStore
+    from pipeline.pipeline import Pipeline
+    from tests.pipeline.fakes import SilentTTS
+
+    engine, personas = backend.engine, PersonaStore()
+    before = engine.num_prefix_prefills
+    system_ids = engine.system_prefix_ids(personas.get("pirate").full_system_prompt())
+    for session in ("voice-a", "voice-b"):
+        with Pipeline(llm=backend, tts=lambda voice: SilentTTS(), personas=personas, persona="pirate",
+                      session=session) as pipeline:
+            gen = pipeline.text_input("Ahoy, who are you?")
+            while not isinstance(frame := pipeline.next_frame(30), TurnDone) or frame.gen != gen:
+                assert frame is not None, "the turn never ended"
+            assert frame.waterfall["counts"]["prompt_tokens"] > len(system_ids)
+        backend.end_session(session)
+    assert engine.num_prefix_prefills == before + 1
+    assert engine.kv_cache.prefixes[tuple(system_ids)].num_copies >= 2
