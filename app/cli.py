@@ -1,4 +1,4 @@
-"""The ``voxlane`` command: one subcommand per module in app/commands (or a room's own ``main``)."""
+"""The ``voxlane`` command: one subcommand per module in app/commands (a few parse their own arguments)."""
 from __future__ import annotations
 
 import argparse
@@ -9,14 +9,14 @@ import sys
 # Commands whose argument parsing belongs to the room that implements them: ``voxlane NAME ARGS``
 # calls ``module.main(ARGS)``.
 DELEGATED = {
-    "converse": ("pipeline.converse", "run the whole voice pipeline on WAV files, no devices"),
+    "converse": ("app.commands.converse", "run the whole voice pipeline on WAV files, no devices"),
     "client": ("app.client", "talk to a running server over the WebSocket protocol (--wav or --mic)"),
     "mic": ("app.mic", "talk to Voxlane with this computer's microphone and speakers"),
 }
 BENCHMARKS = {
-    "engine": ("engine.bench", "our LLM engine against transformers (and llama.cpp if importable)"),
-    "latency": ("pipeline.bench_latency", "voice-to-voice latency per stage on spoken questions"),
-    "load": ("app.bench_load", "concurrent WebSocket clients against a server"),
+    "engine": ("bench.engine", "our LLM engine against transformers (and llama.cpp if importable)"),
+    "latency": ("bench.latency", "voice-to-voice latency per stage on spoken questions"),
+    "load": ("bench.load", "concurrent WebSocket clients against a server"),
 }
 COMMANDS = ["chat", "say", "models", "personas", "doctor", "serve"]  # modules in app/commands
 

@@ -12,7 +12,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field, field_validator
 
-from engine.backend import Generation, LLMBackend
+from engine.backends.base import Generation, LLMBackend
 from engine.sampling import SamplingParams
 
 MAX_MESSAGES = 256

@@ -8,7 +8,7 @@ import os
 from app import model_store
 from app.backends import make_llm_backend
 from app.config import AppConfig
-from engine.backend import LLMBackend
+from engine.backends.base import LLMBackend
 from pipeline.models import PipelineModels
 
 

@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Callable, Iterable
 
-from engine.backend import Generation, LLMBackend
+from engine.backends.base import Generation, LLMBackend
 from engine.sampling import SamplingParams
 from pipeline.chunker import SpeakableChunker
 from pipeline.config import ChunkerConfig, LLMStageConfig

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from engine.backend import LLMBackend
+from engine.backends.base import LLMBackend
 from pipeline.asr import WhisperTranscriber
 from pipeline.persona import Voice
 from pipeline.tts.base import TTSBackend

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from engine.backend import LLMBackend
+from engine.backends.base import LLMBackend
 from pipeline.asr import WhisperTranscriber
 from pipeline.asr_stage import ASRStage
 from pipeline.audio import PIPELINE_RATE, Resampler, to_mono_float32

@@ -13,7 +13,7 @@ from websockets.sync.client import connect
 
 from app.openai_api import openai_router
 from app.server.runner import BackgroundServer, bind_socket
-from engine.remote import RemoteBackend, RemoteSettings
+from engine.backends.remote import RemoteBackend, RemoteSettings
 from tests.app.scripted_models import ScriptedLLM, ScriptedTTS, make_server
 from tests.app.socket_checks import assert_normal_turn, read_turn, start, turn, wait_idle
 

@@ -22,7 +22,6 @@ import gc
 import psutil
 import pytest
 
-from app.bench_load import run_load, speak_questions
 from app.config import AppConfig, ModelsConfig, PersonasConfig, ServerConfig
 from app.malloc_arenas import limit_malloc_arenas
 from app.server.app import create_app
@@ -30,6 +29,7 @@ from app.server.pipeline_conversations import PipelineConversations
 from app.server.runner import BackgroundServer
 from app.server.session import Session
 from app.server.ws import SocketHandler
+from bench.load import run_load, speak_questions
 from pipeline.config import ASRConfig, PipelineConfig
 from pipeline.frames import Frame
 from pipeline.history import Exchange, History

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from app.server.runner import bind_socket
-from engine.remote import RemoteBackend, RemoteError, RemoteSettings
+from engine.backends.remote import RemoteBackend, RemoteError, RemoteSettings
 from engine.sampling import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,7 +178,7 @@ def test_refused_connections_then_recovery():
     port = reserved.getsockname()[1]
     backend = RemoteBackend(RemoteSettings(f"http://127.0.0.1:{port}/v1", backoff_s=0.2, max_retries=6))
     watch = RetryWatch()
-    logging.getLogger("engine.remote").addHandler(watch)
+    logging.getLogger("engine.backends.remote").addHandler(watch)
     result = {}
     worker = threading.Thread(target=lambda: result.update(text="".join(backend.generate(QUESTION, GREEDY))))
     try:
@@ -187,7 +187,7 @@ def test_refused_connections_then_recovery():
         server = ScriptedServer([], sock=reserved)
         worker.join(timeout=60)
     finally:
-        logging.getLogger("engine.remote").removeHandler(watch)
+        logging.getLogger("engine.backends.remote").removeHandler(watch)
     assert result.get("text") == "Hello there, friend."
     server.close()
 

@@ -6,8 +6,8 @@ import wave
 import numpy as np
 import pytest
 
+from bench.wer import wer
 from tests.app.test_cli import voxlane
-from pipeline.wer import wer
 
 
 @pytest.fixture(scope="module")

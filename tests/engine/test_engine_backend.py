@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.backend import Generation, LLMBackend
+from engine.backends.base import Generation, LLMBackend
+from engine.backends.engine_backend import EngineBackend
 from engine.config import EngineConfig
-from engine.engine_backend import EngineBackend
 from engine.sampling import SamplingParams
 
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
+from bench.quality import QUALITY_PROMPTS, compare
 from engine.loader import load_model
-from engine.quality import QUALITY_PROMPTS, compare
 from engine.quant import Int8Linear, gemm_rows, quantize_int8, quantize_per_channel, weight_bytes
 from tests.heap import heap_in_use
 

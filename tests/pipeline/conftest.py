@@ -22,7 +22,7 @@ def transcriber(whisper_base_dir):
 
 @pytest.fixture(scope="session")
 def llm(smollm2_dir):
-    from engine.reference import TransformersBackend
+    from engine.backends.reference import TransformersBackend
 
     backend = TransformersBackend(smollm2_dir, num_threads=2)
     yield backend
@@ -40,7 +40,7 @@ def vad_model(silero_vad_path):
 @pytest.fixture(scope="session")
 def engine_llm(smollm2_dir):
     """Our own engine (the app's default backend)."""
-    from engine.engine_backend import EngineBackend
+    from engine.backends.engine_backend import EngineBackend
 
     backend = EngineBackend(smollm2_dir)
     yield backend

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bench.wer import word_errors
 from pipeline.asr_guard import Segment, drop_reason
 from pipeline.config import ASRConfig
-from pipeline.wer import word_errors
 
 SENTENCES = [
     "What is the capital of France?",

@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from pipeline import converse
+from app.commands import converse
+from app.scripted_user import ConversationRunner, InputAudio
+from bench.wer import wer, words
 from pipeline.audio import resample_once, to_mono_float32
-from pipeline.conversation import ConversationRunner, InputAudio
 from pipeline.persona_store import PersonaStore
 from pipeline.pipeline import Pipeline
 from pipeline.wavfile import read_wav
-from pipeline.wer import wer, words
 
 pytestmark = pytest.mark.slow
 

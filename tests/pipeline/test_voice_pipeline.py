@@ -8,14 +8,14 @@ import time
 import numpy as np
 import pytest
 
+from app.scripted_user import speech_bounds
+from bench.wer import wer
 from pipeline.audio import resample_once
-from pipeline.conversation import speech_bounds
 from pipeline.frames import (AudioOut, PlaybackPause, PlaybackResume, SpeechEnded, SpeechStarted, Transcript,
                              TurnDone)
 from pipeline.persona_store import PersonaStore
 from pipeline.pipeline import Pipeline
 from tests.pipeline.fakes import FakeBackend, SilentTTS
-from pipeline.wer import wer
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import AsyncIterator, Iterator
 
-from engine.backend import Message
+from engine.backends.base import Message
 from engine.config import EngineConfig
 from engine.engine import EngineStats, LLMEngine
 from engine.sampling import SamplingParams

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from app.bench_load import main, run_load, speak_questions
+from bench.load import main, run_load, speak_questions
 from tests.app.scripted_models import make_server
 from tests.app.socket_checks import num_threads, wait_idle
 from tests.setup_needs import need_command

@@ -6,9 +6,9 @@ from dataclasses import asdict
 
 import torch
 
+from bench.quality import QUALITY_PROMPTS, compare
 from engine.kernels import load_kernels
 from engine.loader import load_model, load_tokenizer
-from engine.quality import QUALITY_PROMPTS, compare
 from engine.quant import quantize_int8
 
 

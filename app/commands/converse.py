@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from app.scripted_user import ConversationResult, ConversationRunner, InputAudio
 from pipeline.config import PipelineConfig
-from pipeline.conversation import ConversationResult, ConversationRunner, InputAudio
 from pipeline.models import PipelineModels
 from pipeline.persona import Persona
 from pipeline.persona_store import PersonaStore

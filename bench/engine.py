@@ -1,4 +1,4 @@
-"""``voxlane bench engine`` / ``python -m engine.bench``: the seed article's table, measured here.
+"""``voxlane bench engine`` / ``python -m bench.engine``: the seed article's table, measured here.
 
 Rows: baseline (no KV cache) -> + KV cache -> + batching -> + INT8 -> + INT8 + batching, and in the
 same run the peers on the same model: transformers ``generate`` (fp32, and ``quantize_dynamic``
@@ -46,7 +46,7 @@ def run_group(group: str, model_dir, settings, quick: bool) -> dict:
     """Measure one group in this process -> {"rows": [...], ...}."""
     import torch
 
-    from engine import bench_rows as rows
+    from bench import engine_rows as rows
 
     torch.set_num_threads(settings.threads)
     if group == "baseline":
@@ -59,8 +59,8 @@ def run_group(group: str, model_dir, settings, quick: bool) -> dict:
         return {"rows": rows.transformers_rows(model_dir, settings, int8=group.endswith("int8"))}
     if group == "llama-cpp":
         from app.model_store import smollm2_gguf_path
-        from engine.bench_llama_cpp import llama_cpp_rows
-        from engine.gguf_requant import requantize
+        from bench.llama_cpp import llama_cpp_rows
+        from bench.gguf_requant import requantize
 
         packaged = smollm2_gguf_path()
         q8 = model_dir.parent / "bench" / (packaged.stem.rsplit(".", 1)[0] + ".Q8_0.gguf")  # made once
@@ -72,7 +72,7 @@ def run_group(group: str, model_dir, settings, quick: bool) -> dict:
     if group == "conversation":
         return {"conversation_ttft_ms": rows.conversation_ttft(model_dir, settings, turns=2 if quick else 5)}
     if group == "quality":
-        from engine.bench_quality import quality_report
+        from bench.quality_report import quality_report
 
         return {"quality": quality_report(model_dir, num_prompts=1 if quick else 5, num_tokens=8 if quick else 48)}
     raise ValueError(f"unknown group {group!r}")
@@ -80,7 +80,7 @@ def run_group(group: str, model_dir, settings, quick: bool) -> dict:
 
 def run_isolated(group: str, argv_settings: list[str]) -> dict:
     """The group in a fresh interpreter, so its resident memory is its own."""
-    cmd = [sys.executable, "-m", "engine.bench", "--_group", group, "--json", *argv_settings]
+    cmd = [sys.executable, "-m", "bench.engine", "--_group", group, "--json", *argv_settings]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode < 0 and group == "llama-cpp":  # killed by a signal: llama.cpp's AMX path here
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     from app.model_store import resolve
-    from engine.bench_rows import BenchSettings
+    from bench.engine_rows import BenchSettings
 
     model_dir = resolve(args.model, "llm")
     settings = BenchSettings(tokens=args.tokens, runs=args.runs, batch=args.batch,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from engine import bench
+from bench import engine as bench
 
 
 def test_bench_quick_json(capsys):

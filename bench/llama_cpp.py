@@ -4,7 +4,7 @@ llama.cpp's own ``batched`` example decodes several sequences in one ``llama_dec
 
 With ``VOXLANE_LLAMA_CPP_NO_EXTRA_BUFFERS=1`` llama.cpp's extra weight buffer types (AMX and the
 repacked AVX layouts) are off: on this VM its AMX matmul crashes (SIGSEGV in
-``ggml_backend_amx_mul_mat``), and ``engine.bench`` retries a crashed group that way.
+``ggml_backend_amx_mul_mat``), and ``bench.engine`` retries a crashed group that way.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from engine.bench_rows import SHORT_PROMPT, BenchSettings, batch_prompts, long_prompt, median, row, rss_mb
+from bench.engine_rows import SHORT_PROMPT, BenchSettings, batch_prompts, long_prompt, median, row, rss_mb
 
 
 def chatml(messages: list[dict]) -> str:

@@ -1,7 +1,7 @@
 """The small interface between the voice pipeline and whatever generates text.
 
-Implementations: ``engine.engine_backend.EngineBackend`` (our own engine, the default),
-``engine.reference.TransformersBackend`` (transformers ``generate``; the reference the engine
+Implementations: ``engine.backends.engine_backend.EngineBackend`` (our own engine, the default),
+``engine.backends.reference.TransformersBackend`` (transformers ``generate``; the reference the engine
 is checked and benchmarked against) and, for scale-out, a remote OpenAI-compatible server.
 """
 from __future__ import annotations

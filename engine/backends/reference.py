@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
-from engine.backend import Message
+from engine.backends.base import Message
 from engine.sampling import SamplingParams
 from engine.text import StopStringFilter
 

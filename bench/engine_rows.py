@@ -1,5 +1,5 @@
 """One measurement per benchmark row: our engine in each configuration, and the peers
-(transformers ``generate`` fp32 and ``quantize_dynamic`` int8; llama.cpp's are in ``engine.bench_llama_cpp``).
+(transformers ``generate`` fp32 and ``quantize_dynamic`` int8; llama.cpp's are in ``bench.llama_cpp``).
 
 Every function returns a plain dict row with the same keys (None where a figure does not apply):
   ms_per_token      decode time per token of one stream (after the first token)
@@ -124,7 +124,7 @@ def engine_rows(model_dir, quant: str, settings: BenchSettings, label: str) -> l
 def conversation_ttft(model_dir, settings: BenchSettings, turns: int = 5) -> list[float]:
     """TTFT (ms) of each turn of one conversation kept in its slot (int8 default engine)."""
     from engine.config import EngineConfig
-    from engine.engine_backend import EngineBackend
+    from engine.backends.engine_backend import EngineBackend
     from engine.sampling import SamplingParams
 
     backend = EngineBackend(model_dir, EngineConfig(num_threads=settings.threads, admission_window_ms=0,

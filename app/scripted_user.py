@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from app.virtual_player import VirtualPlayer
 from pipeline.audio import PIPELINE_RATE, to_mono_float32
 from pipeline.frames import (AssistantDone, ErrorFrame, Frame, PlaybackPause, SpeakChunk, SpeechStarted,
                              Transcript, TurnDone)
 from pipeline.pipeline import Pipeline
 from pipeline.vad import FRAME_SAMPLES
-from pipeline.virtual_player import VirtualPlayer
 
 log = logging.getLogger(__name__)
 FEED_MS = 20  # pieces of 20 ms, like a microphone callback

@@ -15,7 +15,7 @@ from typing import Iterator
 
 import httpx
 
-from engine.backend import Message
+from engine.backends.base import Message
 from engine.sampling import SamplingParams
 from engine.text import StopStringFilter
 

@@ -8,7 +8,7 @@ import numpy as np
 from gguf.quants import dequantize
 
 from app.model_store import smollm2_gguf_path
-from engine.gguf_requant import requantize
+from bench.gguf_requant import requantize
 
 
 def test_q8_0_copy_keeps_metadata_and_model(tmp_path):

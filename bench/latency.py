@@ -17,8 +17,8 @@ import sys
 
 import numpy as np
 
-from pipeline.conversation import ConversationRunner, InputAudio
-from pipeline.converse import add_model_arguments, app_config, load_models, make_pipeline, pick_persona
+from app.commands.converse import add_model_arguments, app_config, load_models, make_pipeline, pick_persona
+from app.scripted_user import ConversationRunner, InputAudio
 from pipeline.persona import Persona
 
 QUESTIONS = (
@@ -63,7 +63,7 @@ def end_session(models, session: str) -> None:
 
 
 def turn_figures(turn, text: str) -> dict:
-    from pipeline.wer import word_errors
+    from bench.wer import word_errors
 
     ms = turn.waterfall.get("ms", {})
     errors, num_words = word_errors(text, turn.user)
