@@ -12,8 +12,8 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field, field_validator
 
-from engine.backends.base import Generation, LLMBackend
-from engine.sampling import SamplingParams
+from engine.backends.base import Completion, LLMBackend
+from engine.sampling_params import SamplingParams
 
 MAX_MESSAGES = 256
 MAX_CONTENT_CHARS = 100_000
@@ -60,16 +60,16 @@ def _chunk(completion_id: str, model: str, created: int, delta: dict, finish: st
     return f"data: {json.dumps(body)}\n\n"
 
 
-async def _deltas(generation: Generation) -> AsyncIterator[str]:
+async def _deltas(completion: Completion) -> AsyncIterator[str]:
     """The backend's blocking iterator, one delta per worker-thread hop; cancelling the consumer
-    (the client went away) cancels the generation and frees its engine slot."""
-    iterator = iter(generation)
+    (the client went away) cancels the completion and frees its engine slot."""
+    iterator = iter(completion)
     sentinel = object()
     try:
         while (delta := await asyncio.to_thread(next, iterator, sentinel)) is not sentinel:
             yield delta
     finally:
-        generation.cancel()
+        completion.cancel()
 
 
 def openai_router(backend: LLMBackend, model_name: str) -> APIRouter:
@@ -90,18 +90,18 @@ def openai_router(backend: LLMBackend, model_name: str) -> APIRouter:
             raise HTTPException(status_code=400, detail=str(error)) from error
         completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
-        generation = await asyncio.to_thread(backend.generate, messages, sampling, None)
+        completion = await asyncio.to_thread(backend.generate, messages, sampling, None)
         if body.stream:
             async def events() -> AsyncIterator[str]:
                 yield _chunk(completion_id, model_name, created, {"role": "assistant", "content": ""})
-                async for delta in _deltas(generation):
+                async for delta in _deltas(completion):
                     yield _chunk(completion_id, model_name, created, {"content": delta})
                 yield _chunk(completion_id, model_name, created, {}, "stop")
                 yield "data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        text = "".join([d async for d in _deltas(generation)])
+        text = "".join([d async for d in _deltas(completion)])
         prompt_tokens = backend.count_tokens(messages)
         completion_tokens = backend.count_tokens(messages + [{"role": "assistant", "content": text}]) - prompt_tokens
         return JSONResponse({

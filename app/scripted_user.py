@@ -65,7 +65,7 @@ class TurnRecord:
 
 
 @dataclass
-class ConversationResult:
+class ScriptedRun:
     """What a run produced: the turns, the virtual speaker (with the played audio), barge-in
     measurements and every output frame in order."""
 
@@ -76,7 +76,7 @@ class ConversationResult:
     frames: list[Frame]
 
 
-class ConversationRunner:
+class ScriptedUser:
     """Feeds 16 kHz mono inputs to ``pipeline`` in real time and plays its answers."""
 
     def __init__(self, pipeline: Pipeline, turn_timeout_s: float = 60.0):
@@ -90,7 +90,7 @@ class ConversationRunner:
         self.order: list[int] = []  # gens in the order SpeechStarted/Transcript opened them
         self.frames: list[Frame] = []
         self._changed = threading.Condition()
-        self._reader = threading.Thread(target=self._read, name="conversation-reader", daemon=True)
+        self._reader = threading.Thread(target=self._read, name="scripted-user-reader", daemon=True)
         self._is_running = True
         self._reader.start()
 
@@ -176,7 +176,7 @@ class ConversationRunner:
         return self._push_times[0][1] if self._push_times else 0.0
 
     def run(self, inputs: list[InputAudio], barge_in_at_s: float | None = None,
-            lead_in_s: float = 0.3, is_last_played: bool = True) -> ConversationResult:
+            lead_in_s: float = 0.3, is_last_played: bool = True) -> ScriptedRun:
         """Each input is a user turn. With ``barge_in_at_s``, each next input starts that long
         after the assistant's previous answer began playing (interrupting it). Without
         ``is_last_played`` the run ends once the last answer starts playing (benchmarks)."""
@@ -220,7 +220,7 @@ class ConversationRunner:
         self._reader.join(2.0)
         self.player.close()
 
-    def _result(self, true_ends: list[int], onsets: list[int]) -> ConversationResult:
+    def _result(self, true_ends: list[int], onsets: list[int]) -> ScriptedRun:
         turns = [self.turns[g] for g in self.order]
         for turn in turns:
             turn.waterfall = self.pipeline.waterfall(turn.gen)  # now with first_audio_played
@@ -242,7 +242,7 @@ class ConversationRunner:
             later = [o for o in onsets if pause is not None and o <= pause.at_sample + FRAME_SAMPLES]
             if pause is not None and later:
                 detect_ms.append(round(1000 * (pause.at_sample + FRAME_SAMPLES - later[-1]) / PIPELINE_RATE, 1))
-        return ConversationResult(turns, self.player, stop_ms, detect_ms, list(self.frames))
+        return ScriptedRun(turns, self.player, stop_ms, detect_ms, list(self.frames))
 
     def _speech_start_sample(self, gen: int) -> int | None:
         for frame in self.frames:

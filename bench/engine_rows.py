@@ -69,7 +69,7 @@ def engine_rows(model_dir, quant: str, settings: BenchSettings, label: str) -> l
     """Rows '+ KV cache' style (batch 1) and '+ batching' (batch N) for one engine configuration."""
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
-    from engine.sampling import SamplingParams
+    from engine.sampling_params import SamplingParams
 
     config = EngineConfig(dtype="float32", quant=quant, max_batch_size=max(settings.batch, 1),
                           num_slots=max(settings.batch, 1), max_seq_len=1024, admission_window_ms=0,
@@ -125,7 +125,7 @@ def conversation_ttft(model_dir, settings: BenchSettings, turns: int = 5) -> lis
     """TTFT (ms) of each turn of one conversation kept in its slot (int8 default engine)."""
     from engine.config import EngineConfig
     from engine.backends.engine_backend import EngineBackend
-    from engine.sampling import SamplingParams
+    from engine.sampling_params import SamplingParams
 
     backend = EngineBackend(model_dir, EngineConfig(num_threads=settings.threads, admission_window_ms=0,
                                                     max_seq_len=2048))

@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 from app.commands.converse import add_model_arguments, app_config, load_models, make_pipeline, pick_persona
-from app.scripted_user import ConversationRunner, InputAudio
+from app.scripted_user import InputAudio, ScriptedUser
 from pipeline.persona import Persona
 
 QUESTIONS = (
@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
                 session = f"bench-{run}-{index}"
                 pipeline = make_pipeline(models, personas, config.personas.default, config.pipeline, session=session)
                 try:
-                    result = ConversationRunner(pipeline).run([audio], is_last_played=False)
+                    result = ScriptedUser(pipeline).run([audio], is_last_played=False)
                 finally:
                     pipeline.close()
                     end_session(models, session)
@@ -126,7 +126,7 @@ def measure_barge_in(models, personas, persona_name, config, persona, count: int
         pipeline = make_pipeline(models, personas, persona_name, config, session="bench-barge-in")
         end_session(models, "bench-barge-in")
         try:
-            result = ConversationRunner(pipeline).run([story, stop], barge_in_at_s=0.5, is_last_played=False)
+            result = ScriptedUser(pipeline).run([story, stop], barge_in_at_s=0.5, is_last_played=False)
             first = result.turns[0].gen if result.turns else None
             marks = pipeline.book.marks(first) if first is not None else {}
         finally:

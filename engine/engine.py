@@ -20,19 +20,19 @@ import torch
 
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.int8_checkpoint import has_int8_checkpoint
 from engine.kernels import load_kernels
 from engine.kv_cache import KVCache, common_prefix_length
-from engine.int8_checkpoint import has_int8_checkpoint
 from engine.loader import load_config, load_int8_model, load_model, load_tokenizer, release_file_memory
+from engine.open_turn import open_user_turn_ids, sentence_end_token_ids
 from engine.quant import quantize_int8, weight_bytes
 from engine.runner import ModelRunner
 from engine.sampler import Sampler
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceIds
+from engine.stop_strings import StopStringFilter
 from engine.stream import TokenStream
-from engine.open_turn import open_user_turn_ids, sentence_end_token_ids
-from engine.text import StopStringFilter
 
 Prompt = list[dict] | list[int] | str  # chat messages, token ids, or raw text
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
 

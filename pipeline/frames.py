@@ -1,6 +1,6 @@
 """The frames that move through the pipeline, one way, each carrying its turn's ``gen``.
 
-``gen`` is the generation (turn) number: a new user turn or an interruption makes a new one, and
+``gen`` is the turn number: a new user turn or an interruption makes a new one, and
 every stage drops data frames older than the newest ``Interrupt`` it has seen.
 
 System frames (``SystemFrame``) are handled at once by every stage, overtaking queued data;
@@ -30,7 +30,7 @@ class SystemFrame(Frame):
 
 @dataclass
 class Interrupt(SystemFrame):
-    """*out* Drop everything older than ``gen``: stop playback, cancel generation."""
+    """*out* Drop everything older than ``gen``: stop playback, cancel the answer."""
 
     # "barge-in" | "resume" (the user went on after a pause) | "user" | "text" | "notice" (the app speaks
     # instead) | "timeout" (the server ended a stalled turn)

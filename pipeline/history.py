@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Callable
 
-Message = dict[str, str]
+from engine.backends.base import Message
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ import threading
 import time
 from typing import Callable, Iterable
 
-from engine.backends.base import Generation, LLMBackend
-from engine.sampling import SamplingParams
+from engine.backends.base import Completion, LLMBackend
+from engine.sampling_params import SamplingParams
 from pipeline.chunker import SpeakableChunker
 from pipeline.config import ChunkerConfig, LLMStageConfig
 from pipeline.frames import (AssistantDone, ErrorFrame, Frame, Interrupt, SpeakChunk, SystemFrame,
@@ -37,7 +37,7 @@ class LLMStage(Stage):
         self.chunker_config = chunker
         self.book = book
         self.session = session
-        self._active: tuple[int, Generation] | None = None
+        self._active: tuple[int, Completion] | None = None
         self._shared_prompt: str | None = None  # the system prompt last given to the backend to share
         self._lock = threading.Lock()
 
@@ -101,17 +101,17 @@ class LLMStage(Stage):
         self.history.begin(gen, user)
         chunker = SpeakableChunker(self.chunker_config, persona.speech)
         self.book.mark(gen, "llm_request")
-        generation = self.backend.generate(messages, persona.sampling, self.session)
+        completion = self.backend.generate(messages, persona.sampling, self.session)
         self.book.set(gen, "prompt_tokens", self.backend.count_tokens(messages))  # counted while it prefills
         with self._lock:
-            self._active = (gen, generation)
+            self._active = (gen, completion)
         if self.is_stale(gen):  # interrupted between the check in the loop and registering
-            generation.cancel()
+            completion.cancel()
         text, num_deltas = [], 0
         try:
-            for delta in generation:
+            for delta in completion:
                 if self.is_stale(gen):
-                    generation.cancel()
+                    completion.cancel()
                     break
                 if num_deltas == 0:
                     self.book.mark(gen, "llm_first_token")
@@ -124,7 +124,7 @@ class LLMStage(Stage):
                 for piece in chunker.flush():
                     yield from self._chunk(gen, piece, chunker, persona)
         except BaseException:
-            generation.cancel()
+            completion.cancel()
             self.history.drop(gen)  # a failed turn leaves no half exchange behind
             raise
         finally:

@@ -19,12 +19,12 @@ class PipelineModels:
     llm: LLMBackend
     tts: Callable[[Voice], TTSBackend]  # usually a pipeline.tts.TTSProvider
     transcriber: WhisperTranscriber | None = None
-    vad_model_path: Path | SileroModel | None = None  # a loaded SileroModel is shared by all sessions
+    vad_model: Path | SileroModel | None = None  # a loaded SileroModel is shared by all sessions
 
     def warm_up(self, voice: Voice | None = None) -> None:
         """One tiny generation and synthesis, so the first turn is not the one paying for
         allocations and lazy initialisation (benchmarks measure steady state)."""
-        from engine.sampling import SamplingParams
+        from engine.sampling_params import SamplingParams
 
         for _ in self.llm.generate([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0.0, max_tokens=2)):
             pass

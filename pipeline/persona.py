@@ -6,7 +6,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from pipeline.schema import SchemaError, build, check
 
 TTS_BACKENDS = ("piper", "coqui", "espeak", "flite")

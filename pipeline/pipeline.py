@@ -21,7 +21,6 @@ from pipeline.audio import PIPELINE_RATE, Resampler, to_mono_float32
 from pipeline.config import PipelineConfig
 from pipeline.frames import (AssistantDone, AudioIn, AudioOut, Frame, Interrupt, SpeakChunk, SpeechEnded, SystemFrame,
                              TextDelta, TextIn, Transcript, TurnDone)
-from pipeline.generation import GenerationCounter
 from pipeline.history import Exchange, History
 from pipeline.llm_stage import LLMStage
 from pipeline.persona import Persona, Voice
@@ -30,6 +29,7 @@ from pipeline.playback import PlaybackTracker
 from pipeline.stage import Stage
 from pipeline.tts.base import TTSBackend
 from pipeline.tts_stage import TTSStage
+from pipeline.turns import TurnCounter
 from pipeline.vad import SileroModel, SileroVAD
 from pipeline.vad_stage import VADStage
 from pipeline.waterfall import WaterfallBook
@@ -41,8 +41,8 @@ _DROPPED_ON_INTERRUPT = (AudioOut, TextDelta, SpeakChunk)  # an old turn's audio
 class Pipeline:
     """A running voice session. Threads start in the constructor; ``close()`` ends them all.
 
-    ``transcriber`` and ``vad_model_path`` may be None for a text-only session; ``vad_model_path``
-    may also be a loaded ``SileroModel`` to share between sessions (saves ~12 MB each). ``personas`` is a
+    ``transcriber`` and ``vad_model`` may be None for a text-only session; ``vad_model`` is a
+    loaded ``SileroModel`` to share between sessions (saves ~12 MB each), or a path. ``personas`` is a
     PersonaStore (re-read at every turn) or one fixed Persona. Models may be shared between
     sessions; everything else (VAD state, history, queues) belongs to this session.
     """
@@ -50,7 +50,7 @@ class Pipeline:
     def __init__(self, *, llm: LLMBackend, tts: Callable[[Voice], TTSBackend],
                  personas: PersonaStore | Persona, persona: str = "nova",
                  transcriber: WhisperTranscriber | None = None,
-                 vad_model_path: str | Path | SileroModel | None = None,
+                 vad_model: str | Path | SileroModel | None = None,
                  config: PipelineConfig | None = None, session: str | None = None,
                  on_frame: Callable[[Frame], None] | None = None):
         self.config = config or PipelineConfig()
@@ -58,7 +58,7 @@ class Pipeline:
         self._personas = personas
         self._persona_name = persona
         self._on_frame = on_frame
-        self._counter = GenerationCounter()
+        self._counter = TurnCounter()
         self.book = WaterfallBook()
         self.tracker = PlaybackTracker()
         self._history = History()
@@ -74,8 +74,8 @@ class Pipeline:
         self.current_persona()  # fail now, not at the first turn, if the persona does not exist
 
         stages: list[Stage] = []
-        if vad_model_path is not None:
-            stages.append(VADStage(SileroVAD(vad_model_path), self.config.vad, self._counter,
+        if vad_model is not None:
+            stages.append(VADStage(SileroVAD(vad_model), self.config.vad, self._counter,
                                    lambda: self.current_persona().endpointing, self.book, size))
         if transcriber is not None:
             stages.append(ASRStage(transcriber, self.config.asr, lambda: self.current_persona().language,
@@ -89,7 +89,7 @@ class Pipeline:
         stages[-1].connect(self._deliver)
         self._stages = stages
         self._first = stages[0]
-        self._has_audio_input = vad_model_path is not None and transcriber is not None
+        self._has_audio_input = vad_model is not None and transcriber is not None
         for stage in stages:
             stage.start()
 
@@ -118,7 +118,7 @@ class Pipeline:
 
     def interrupt(self, reason: str = "user") -> int:
         """Stop the assistant now: a stop button ("user"), or the server ending a stalled turn
-        ("timeout"). Returns the new generation number."""
+        ("timeout"). Returns the new turn number."""
         gen = self._counter.next()
         self._first.put(Interrupt(gen=gen, reason=reason))
         return gen
@@ -180,7 +180,8 @@ class Pipeline:
         return self.book.get(gen)
 
     @property
-    def generation(self) -> int:
+    def turn(self) -> int:
+        """The newest turn number (``gen``)."""
         return self._counter.current
 
     def _deliver(self, frame: Frame) -> None:

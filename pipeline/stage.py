@@ -3,7 +3,7 @@
 System frames are handled at once on the thread that delivers them (``on_system``), then passed
 on, so an interruption reaches every stage within microseconds even while a stage is busy inside
 a model call. Data frames wait in the in-queue and are processed in order; frames of a
-generation older than the newest ``Interrupt`` are dropped, queued or not.
+turn older than the newest ``Interrupt`` are dropped, queued or not.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class Stage:
             self._inbox.put(frame)
 
     def _purge(self) -> None:
-        """Drop queued data frames of older generations (the queue's own lock keeps it safe)."""
+        """Drop queued data frames of older turns (the queue's own lock keeps it safe)."""
         with self._inbox.mutex:
             kept = [f for f in self._inbox.queue if f is _STOP or not self._is_dropped(f)]
             self._inbox.queue.clear()

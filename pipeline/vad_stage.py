@@ -1,6 +1,6 @@
 """VAD stage: 16 kHz audio in, turns out (speech start/pause/end and the turn's audio).
 
-It opens turns: on a confirmed start it takes a new generation number and sends ``Interrupt``
+It opens turns: on a confirmed start it takes a new turn number and sends ``Interrupt``
 first, which is the barge-in: everything older is dropped downstream at once. At a pause it
 lets the answer start speculatively; ``SpeechEnded`` (a system frame, so it overtakes the
 answer in the queues) commits it, and speech resuming voids it.
@@ -16,10 +16,10 @@ import numpy as np
 from pipeline.config import VADConfig
 from pipeline.frames import (AudioIn, Frame, Interrupt, PlaybackPause, PlaybackResume, SpeechEnded,
                              SpeechPaused, SpeechStarted, TurnAudioEnd, UserAudio)
-from pipeline.generation import GenerationCounter
 from pipeline.persona import Endpointing
 from pipeline.stage import Stage
 from pipeline.turn_detector import TurnDetector
+from pipeline.turns import TurnCounter
 from pipeline.vad import FRAME_SAMPLES, SileroVAD
 from pipeline.waterfall import WaterfallBook
 
@@ -29,7 +29,7 @@ class VADStage(Stage):
 
     name = "vad"
 
-    def __init__(self, vad: SileroVAD, config: VADConfig, counter: GenerationCounter,
+    def __init__(self, vad: SileroVAD, config: VADConfig, counter: TurnCounter,
                  endpointing: Callable[[], Endpointing], book: WaterfallBook, queue_size: int = 2000):
         super().__init__(queue_size)
         self.vad = vad

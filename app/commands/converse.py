@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.scripted_user import ConversationResult, ConversationRunner, InputAudio
+from app.scripted_user import InputAudio, ScriptedRun, ScriptedUser
 from pipeline.config import PipelineConfig
 from pipeline.models import PipelineModels
 from pipeline.persona import Persona
@@ -82,7 +82,7 @@ def pick_persona(args: argparse.Namespace, config) -> Persona | PersonaStore:
 def make_pipeline(models: PipelineModels, personas, persona: str, config: PipelineConfig,
                   session: str = "converse") -> Pipeline:
     return Pipeline(llm=models.llm, tts=models.tts, personas=personas, persona=persona,
-                    transcriber=models.transcriber, vad_model_path=models.vad_model_path, config=config,
+                    transcriber=models.transcriber, vad_model=models.vad_model, config=config,
                     session=session)
 
 
@@ -91,7 +91,7 @@ def read_input(path: Path) -> InputAudio:
     return InputAudio(samples, rate, channels)
 
 
-def report(result: ConversationResult, history=()) -> dict:
+def report(result: ScriptedRun, history=()) -> dict:
     written = {e.gen: e.assistant for e in history}  # an interrupted turn has no AssistantDone frame
     turns = []
     for turn in result.turns:
@@ -102,7 +102,7 @@ def report(result: ConversationResult, history=()) -> dict:
     return {"turns": turns, "barge_in_stop_ms": result.barge_in_stop_ms, "barge_in_detect_ms": result.barge_in_detect_ms}
 
 
-def played_audio(result: ConversationResult, gap_s: float = 0.25) -> tuple[np.ndarray, int]:
+def played_audio(result: ScriptedRun, gap_s: float = 0.25) -> tuple[np.ndarray, int]:
     """Everything the virtual speaker played, turn after turn, at the first turn's rate."""
     from pipeline.audio import resample_once
 
@@ -157,7 +157,7 @@ def main(argv: list[str]) -> int:
     pipeline = make_pipeline(models, personas, config.personas.default, config.pipeline)
     models.warm_up(pipeline.current_persona().voice)
     try:
-        result = ConversationRunner(pipeline).run(inputs, args.barge_in_at)
+        result = ScriptedUser(pipeline).run(inputs, args.barge_in_at)
         history = pipeline.history
     finally:
         pipeline.close()

@@ -31,7 +31,7 @@ class PipelineConversations:
         models = load_voice_models(config, llm_backend, llm)
         self.llm = models.llm
         self.transcriber = models.transcriber
-        self.vad_model = models.vad_model_path  # a loaded SileroModel, shared
+        self.vad_model = models.vad_model  # a loaded SileroModel, shared
         self.tts = models.tts
         self._ids = itertools.count(1)
         self._open: set[Pipeline] = set()
@@ -50,7 +50,7 @@ class PipelineConversations:
         Whisper pass and a VAD pass over noise, a synthesis with each persona's voice."""
         import numpy as np
 
-        from engine.sampling import SamplingParams
+        from engine.sampling_params import SamplingParams
         from pipeline.vad import SileroVAD
 
         started = time.monotonic()
@@ -82,7 +82,7 @@ class PipelineConversations:
         except PersonaNotFound as error:
             raise KeyError(str(error)) from error
         pipeline = _ClosingPipeline(self, llm=self.llm, tts=self.tts, personas=self.personas, persona=persona,
-                                    transcriber=self.transcriber, vad_model_path=self.vad_model,
+                                    transcriber=self.transcriber, vad_model=self.vad_model,
                                     config=self.pipeline_config, session=f"ws-{next(self._ids)}")
         with self._lock:
             self._open.add(pipeline)

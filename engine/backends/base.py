@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Iterator, Protocol, runtime_checkable
 
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": "..."}
 
 
 @runtime_checkable
-class Generation(Protocol):
+class Completion(Protocol):
     """One streaming answer: iterate for text deltas (each valid UTF-8 text); ``cancel()`` from any
     thread ends the stream at the next token and frees what the generation held."""
 
@@ -30,7 +30,7 @@ class LLMBackend(Protocol):
 
     name: str
 
-    def generate(self, messages: list[Message], sampling: SamplingParams, session: str | None = None) -> Generation: ...
+    def generate(self, messages: list[Message], sampling: SamplingParams, session: str | None = None) -> Completion: ...
 
     def count_tokens(self, messages: list[Message]) -> int: ...
 

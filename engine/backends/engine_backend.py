@@ -7,11 +7,11 @@ from typing import AsyncIterator, Iterator
 from engine.backends.base import Message
 from engine.config import EngineConfig
 from engine.engine import EngineStats, LLMEngine
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.stream import TokenStream
 
 
-class EngineGeneration:
+class EngineCompletion:
     """One streaming answer: iterate (or ``async for``) for text deltas; ``cancel()`` from any thread
     ends it at the next engine step and frees its slot (a session keeps what was cached)."""
 
@@ -49,8 +49,8 @@ class EngineBackend:
         self.config = config or EngineConfig()
         self.engine = LLMEngine(model_dir, self.config, background=True)
 
-    def generate(self, messages: list[Message], sampling: SamplingParams, session: str | None = None) -> EngineGeneration:
-        return EngineGeneration(self.engine.submit(messages, sampling, session=session))
+    def generate(self, messages: list[Message], sampling: SamplingParams, session: str | None = None) -> EngineCompletion:
+        return EngineCompletion(self.engine.submit(messages, sampling, session=session))
 
     def prefill(self, messages: list[Message], session: str | None = None,
                 probe_ids: frozenset[int] | None = None) -> float | None:

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Iterator
 
 from engine.backends.base import Message
-from engine.sampling import SamplingParams
-from engine.text import StopStringFilter
+from engine.sampling_params import SamplingParams
+from engine.stop_strings import StopStringFilter
 
 
 class _CancelCriteria:
@@ -24,7 +24,7 @@ class _CancelCriteria:
         return self.cancelled.is_set()
 
 
-class ReferenceGeneration:
+class ReferenceCompletion:
     """A streaming answer from ``generate`` running on its own thread."""
 
     def __init__(self, backend: "TransformersBackend", messages: list[Message], sampling: SamplingParams):
@@ -117,8 +117,8 @@ class TransformersBackend:
     def context_length(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 2048))
 
-    def generate(self, messages: list[Message], sampling: SamplingParams, session: str | None = None) -> ReferenceGeneration:
-        return ReferenceGeneration(self, messages, sampling)
+    def generate(self, messages: list[Message], sampling: SamplingParams, session: str | None = None) -> ReferenceCompletion:
+        return ReferenceCompletion(self, messages, sampling)
 
     def close(self) -> None:
         pass

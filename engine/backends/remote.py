@@ -16,8 +16,8 @@ from typing import Iterator
 import httpx
 
 from engine.backends.base import Message
-from engine.sampling import SamplingParams
-from engine.text import StopStringFilter
+from engine.sampling_params import SamplingParams
+from engine.stop_strings import StopStringFilter
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class RemoteSettings:
     context_length: int = 8192
 
 
-class RemoteGeneration:
+class RemoteCompletion:
     """One streamed chat completion; iterate for text deltas, ``cancel()`` from any thread."""
 
     def __init__(self, backend: "RemoteBackend", messages: list[Message], sampling: SamplingParams):
@@ -151,8 +151,8 @@ class RemoteBackend:
             body["stop"] = list(sampling.stop)[:4]
         return body
 
-    def generate(self, messages: list[Message], sampling: SamplingParams, session: str | None = None) -> RemoteGeneration:
-        return RemoteGeneration(self, messages, sampling)
+    def generate(self, messages: list[Message], sampling: SamplingParams, session: str | None = None) -> RemoteCompletion:
+        return RemoteCompletion(self, messages, sampling)
 
     def count_tokens(self, messages: list[Message]) -> int:
         # No tokenizer for a remote model: ~4 characters a token plus per-message framing, erring high.

@@ -21,7 +21,7 @@ from pipeline.vad import SileroModel
 LIMIT = 256 * 1024  # max_message_bytes here: a 100,000-character text still fits, and is refused for its length
 
 
-class ScriptedGeneration:
+class ScriptedCompletion:
     """Echoes the user's words; ``STALL`` blocks until cancelled (after echoing the words before it),
     ``LLMFAIL`` raises, ``FLOOD`` talks long."""
 
@@ -68,7 +68,7 @@ class ScriptedLLM:
         if session:
             with self.lock:
                 self.sessions.add(session)
-        return ScriptedGeneration(self, messages[-1]["content"])
+        return ScriptedCompletion(self, messages[-1]["content"])
 
     def count_tokens(self, messages):
         return sum(len(m["content"].split()) + 4 for m in messages)
@@ -132,7 +132,7 @@ class ScriptedModels:
             self.num_opened += 1
             session = f"t{self.num_opened}"
         pipeline = Pipeline(llm=self.llm, tts=lambda voice: self.tts, personas=self.personas, persona=persona,
-                            transcriber=SilentTranscriber(), vad_model_path=self.vad_model,
+                            transcriber=SilentTranscriber(), vad_model=self.vad_model,
                             config=PipelineConfig(), session=session)
         factory = self
         original_close = pipeline.close

@@ -17,7 +17,7 @@ import pytest
 
 from app.server.runner import bind_socket
 from engine.backends.remote import RemoteBackend, RemoteError, RemoteSettings
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
@@ -212,12 +212,12 @@ def test_a_stalled_server_times_out():
 
 def test_cancel_closes_the_stream():
     server = ScriptedServer(["long"])
-    generation = RemoteBackend(settings(server.url)).generate(QUESTION, GREEDY)
+    completion = RemoteBackend(settings(server.url)).generate(QUESTION, GREEDY)
     received = []
-    for delta in generation:
+    for delta in completion:
         received.append(delta)
         if len(received) == 3:
-            generation.cancel()
+            completion.cancel()
     assert len(received) == 3
     assert server.closed_early.wait(5)  # the server saw the connection go away and stopped writing
     server.close()

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.backends.base import Generation, LLMBackend
+from engine.backends.base import Completion, LLMBackend
 from engine.backends.engine_backend import EngineBackend
 from engine.config import EngineConfig
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -23,11 +23,11 @@ def test_protocol_and_conversation_turns(backend):
     ttfts = []
     for question in ["Hello!", "What is the capital of France?", "And of Italy?"]:
         history.append({"role": "user", "content": question})
-        generation = backend.generate(history, SamplingParams(temperature=0, max_tokens=12), session="call-1")
-        assert isinstance(generation, Generation)
-        answer = "".join(generation)
-        assert answer and generation.finish_reason in ("stop", "length")
-        ttfts.append(generation.stream.cached_tokens)
+        completion = backend.generate(history, SamplingParams(temperature=0, max_tokens=12), session="call-1")
+        assert isinstance(completion, Completion)
+        answer = "".join(completion)
+        assert answer and completion.finish_reason in ("stop", "length")
+        ttfts.append(completion.stream.cached_tokens)
         history.append({"role": "assistant", "content": answer})
     assert ttfts[0] == 0 and ttfts[1] > 0 and ttfts[2] > ttfts[1]  # later turns reuse the cache
     assert backend.count_tokens(history) > 30 and backend.context_length == 512
@@ -38,14 +38,14 @@ def test_protocol_and_conversation_turns(backend):
 def test_cancel_ends_stream_and_frees_slot(backend):
     import time
 
-    generation = backend.generate([{"role": "user", "content": "Tell me a long story about a dragon."}],
+    completion = backend.generate([{"role": "user", "content": "Tell me a long story about a dragon."}],
                                   SamplingParams(temperature=0, max_tokens=300))
     pieces = []
-    for piece in generation:
+    for piece in completion:
         pieces.append(piece)
         if len(pieces) == 3:
-            generation.cancel()
-    assert generation.finish_reason == "cancelled" and len(pieces) < 8
+            completion.cancel()
+    assert completion.finish_reason == "cancelled" and len(pieces) < 8
     deadline = time.time() + 10
     while backend.stats().slots_busy and time.time() < deadline:
         time.sleep(0.01)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from tests.engine.conftest import GREEDY_PROMPTS
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)

@@ -15,7 +15,7 @@ from engine.kv_cache import KVCache
 from engine.loader import load_model
 from engine.quant import quantize_int8
 from engine.runner import ModelRunner
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")

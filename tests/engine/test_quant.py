@@ -53,7 +53,7 @@ def test_int8_quality_and_memory(fp32_engine, int8_engine, smollm2_dir, path):
 
 
 def test_int8_greedy_answer_is_sensible(int8_engine):
-    from engine.sampling import SamplingParams
+    from engine.sampling_params import SamplingParams
 
     stream = int8_engine.submit([{"role": "user", "content": "What is the capital of France?"}],
                                 SamplingParams(temperature=0, max_tokens=12))

@@ -5,7 +5,7 @@ import gc
 
 import psutil
 
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
 SHORT_PROMPT = [1, 9690, 198, 2683, 314, 346, 47, 2, 198, 1, 4093, 198]  # a few ChatML-ish ids

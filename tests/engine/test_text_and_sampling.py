@@ -7,7 +7,7 @@ import torch
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.sampler import Sampler, apply_repetition_penalty, filter_top_k_top_p
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
 TRICKY = "Café déjà vu — naïve 東京 🚀🎉 voilà! Ünïcödé ✓ 𝄞 end."

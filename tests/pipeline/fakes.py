@@ -6,7 +6,7 @@ import time
 from typing import Iterator
 
 
-class FakeGeneration:
+class FakeCompletion:
     """Yields the scripted reply word by word; counts itself as an active engine slot until done."""
 
     def __init__(self, backend: "FakeBackend", reply: str, error: Exception | None):
@@ -52,11 +52,11 @@ class FakeBackend:
         self.active = 0
         self.lock = threading.Lock()
 
-    def generate(self, messages, sampling, session=None) -> FakeGeneration:
+    def generate(self, messages, sampling, session=None) -> FakeCompletion:
         self.calls.append(messages)
         reply = self.replies[min(len(self.calls) - 1, len(self.replies) - 1)]
         error = self.errors.pop(0) if self.errors else None
-        return FakeGeneration(self, reply, error)
+        return FakeCompletion(self, reply, error)
 
     def count_tokens(self, messages) -> int:
         return sum(len(m["content"].split()) + 4 for m in messages)

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from app.commands import converse
-from app.scripted_user import ConversationRunner, InputAudio
+from app.scripted_user import InputAudio, ScriptedUser
 from bench.wer import wer, words
 from pipeline.audio import resample_once, to_mono_float32
 from pipeline.persona_store import PersonaStore
@@ -61,7 +61,7 @@ def test_barge_in_keeps_only_the_heard_part_and_frees_the_engine(say, transcribe
     nova = store.get("nova")
     persona = dataclasses.replace(nova, sampling=dataclasses.replace(nova.sampling, temperature=0.0, max_tokens=40))
     pipeline = Pipeline(llm=engine_llm, tts=tts_provider, personas=persona, transcriber=transcriber,
-                        vad_model_path=silero_vad_path, session="barge-in-test")
+                        vad_model=silero_vad_path, session="barge-in-test")
     _, story = say("Tell me a long story about a brave little dragon.")
     _, stop = say("Wait, stop. What time is it?")
     inputs = []
@@ -69,7 +69,7 @@ def test_barge_in_keeps_only_the_heard_part_and_frees_the_engine(say, transcribe
         samples, rate, channels = read_wav(path)
         inputs.append(InputAudio(samples, rate, channels))
     try:
-        result = ConversationRunner(pipeline).run(inputs, barge_in_at_s=0.6, is_last_played=False)  # 0.6 s: inside the first chunk
+        result = ScriptedUser(pipeline).run(inputs, barge_in_at_s=0.6, is_last_played=False)  # 0.6 s: inside the first chunk
         history = pipeline.history
         marks = pipeline.book.marks(result.turns[0].gen)
     finally:

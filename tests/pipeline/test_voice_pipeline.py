@@ -23,7 +23,7 @@ def voice_pipeline(transcriber, vad_model):
     backend = FakeBackend(["Sure, here is a scripted answer for you."])
     tts = SilentTTS()
     pipeline = Pipeline(llm=backend, tts=lambda voice: tts, personas=PersonaStore(), persona="nova",
-                        transcriber=transcriber, vad_model_path=vad_model)
+                        transcriber=transcriber, vad_model=vad_model)
     pipeline.backend = backend  # for the tests' eyes only
     yield pipeline
     pipeline.close()

@@ -1,4 +1,4 @@
-"""Text helpers shared by every backend: stop strings over a stream of deltas."""
+"""Stop strings over a stream of text deltas, shared by every backend."""
 from __future__ import annotations
 
 

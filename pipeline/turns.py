@@ -4,8 +4,8 @@ from __future__ import annotations
 import threading
 
 
-class GenerationCounter:
-    """Hands out increasing generation numbers; one per pipeline (per session)."""
+class TurnCounter:
+    """Hands out increasing turn numbers (``gen``); one per pipeline (per session)."""
 
     def __init__(self) -> None:
         self._value = 0
