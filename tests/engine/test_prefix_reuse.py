@@ -9,7 +9,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 SYSTEM = "You are Nova, a friendly voice assistant. Answer in one short spoken sentence."
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)

@@ -11,7 +11,7 @@ from engine.engine import LLMEngine
 from engine.gguf_file import GGUFFile
 from engine.gguf_weights import read_gguf_weights
 from engine.loader import load_config, load_tokenizer, model_from_hf_weights
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 MESSAGES = [{"role": "system", "content": "You are Nova, a friendly voice assistant. Answer in one short sentence."},
             {"role": "user", "content": "What is the capital of France?"}]
@@ -37,7 +37,7 @@ def test_qwen2_logits_match_transformers(qwen_fp32_pair, qwen05_dir):
     assert ours.args.qkv_bias and not ours.args.tie_embeddings and ours.args.num_kv_heads == 2
     ids = list(load_tokenizer(qwen05_dir).apply_chat_template(MESSAGES, add_generation_prompt=True,
                                                                tokenize=True)["input_ids"])
-    from engine.quality import one_slot_runner
+    from bench.quality import one_slot_runner
 
     with torch.inference_mode():
         expected = reference(torch.tensor([ids])).logits[0]  # [T, V]
