@@ -134,3 +134,44 @@ def test_audio_is_resampled_to_the_front_ends_rate_when_asked(personas):
         audio = [f for f in collect_turn(pipeline, pipeline.text_input("hi")) if isinstance(f, AudioOut)]
     assert audio and all(f.sample_rate == 48000 for f in audio)
     assert sum(len(f.pcm) for f in audio) == 3 * 1600 * 3
+
+
+def test_the_history_budget_is_capped_by_the_context_length(personas):
+    """A model with a small context gets prompts that leave room for the answer (its
+    ``max_tokens``), whatever ``llm.history_token_budget`` (1536) allows: the oldest exchanges go."""
+
+    class SmallContext(FakeBackend):
+        context_length = 400
+
+    backend = SmallContext(["One two three four five six seven eight nine ten."])
+    with make(backend, personas) as pipeline:
+        for i in range(12):
+            collect_turn(pipeline, pipeline.text_input(f"Question number {i}, with a few more words in it."))
+    room = SmallContext.context_length - personas.get("nova").sampling.max_tokens
+    sizes = [backend.count_tokens(call) for call in backend.calls]
+    print(f"prompt sizes {sizes}; room for the prompt {room} tokens")
+    assert max(sizes) <= room
+    last = backend.calls[-1]
+    assert last[0]["role"] == "system" and last[-1]["content"] == "Question number 11, with a few more words in it."
+    assert len(last) < 1 + 2 * 11 + 1  # some earlier exchanges were left out
+
+
+def test_a_full_output_queue_drops_the_oldest_frames_and_never_blocks_the_voice(personas):
+    """Nobody reads the output (a front end that stalled): the turn still runs to its end (the TTS
+    thread never waits for a reader) and the queue keeps the newest ``output_queue_size`` frames,
+    the turn's TurnDone last."""
+    from pipeline.config import PipelineConfig, QueueConfig
+
+    backend = FakeBackend([" ".join(["word"] * 80) + "."], delay_s=0)
+    tts = SilentTTS(samples_per_word=16)
+    with Pipeline(llm=backend, tts=lambda voice: tts, personas=personas, persona="nova",
+                  config=PipelineConfig(queues=QueueConfig(output_queue_size=10))) as pipeline:
+        gen = pipeline.text_input("Talk a lot.")
+        deadline = time.monotonic() + 30
+        while "audio_done" not in pipeline.book.marks(gen) and time.monotonic() < deadline:
+            time.sleep(0.02)  # not reading: the queue overflows (80 deltas alone)
+        assert "audio_done" in pipeline.book.marks(gen), "the turn stalled behind the full output queue"
+        kept = []
+        while (frame := pipeline.next_frame(0)) is not None:
+            kept.append(frame)
+    assert len(kept) == 10 and isinstance(kept[-1], TurnDone) and kept[-1].gen == gen

@@ -1,6 +1,9 @@
 """TTS backends: Piper (packaged voice), the command-line fallbacks, Coqui (skipped here), the factory."""
 from __future__ import annotations
 
+import logging
+import sys
+
 import numpy as np
 import pytest
 
@@ -70,10 +73,17 @@ def test_coqui_backend():
         CoquiTTS("/nonexistent/model")
 
 
-def test_coqui_request_falls_back_to_piper_when_tts_cannot_import(piper_voice_path):
-    tts = create_tts(Voice(backend="coqui", voice="tts_models/en/ljspeech/vits"),
-                     resolve=lambda spec: piper_voice_path)
-    assert tts.name in ("coqui", "piper")
+def test_coqui_request_falls_back_to_piper_when_tts_cannot_import(piper_voice_path, monkeypatch, caplog):
+    """Whether or not Coqui imports on this machine, the test makes it fail to (``TTS`` is None in
+    ``sys.modules``): the persona is then spoken by Piper, the first fallback, with a warning."""
+    monkeypatch.setitem(sys.modules, "TTS", None)
+    monkeypatch.setitem(sys.modules, "TTS.api", None)
+    with caplog.at_level(logging.WARNING, logger="pipeline.tts.factory"):
+        tts = create_tts(Voice(backend="coqui", voice="tts_models/en/ljspeech/vits"),
+                         resolve=lambda spec: piper_voice_path)
+    assert tts.name == "piper"
+    assert "Coqui TTS is not importable" in caplog.text and "speaking with piper instead of coqui" in caplog.text
+    assert _total(tts.synthesize("Still speaking.", 1.0)) > 0
 
 
 def test_wav_parser_reads_streamed_wav_with_bogus_sizes():
