@@ -141,7 +141,7 @@ def test_the_history_budget_is_capped_by_the_context_length(personas):
     ``max_tokens``), whatever ``llm.history_token_budget`` (1536) allows: the oldest exchanges go."""
 
     class SmallContext(FakeBackend):
-        context_length = 400
+        context_length = 250  # room for the prompt: 250 - max_tokens (120) = 130 tokens
 
     backend = SmallContext(["One two three four five six seven eight nine ten."])
     with make(backend, personas) as pipeline:
