@@ -26,19 +26,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     parser.add_argument("--tokens", type=int, default=128, help="new tokens per generation (default 128)")
     parser.add_argument("--runs", type=int, default=3, help="measured runs per figure, median reported (default 3)")
-    parser.add_argument("--batch", type=int, default=8, help="streams in the batching rows (default 8)")
+    parser.add_argument("--batch", type=int, help="streams in the batching rows (default 8; 2 with --quick)")
     parser.add_argument("--prefill-tokens", type=int, default=500, help="prompt length for prefill tok/s")
     parser.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated subset of {','.join(GROUPS)}")
-    parser.add_argument("--quick", action="store_true", help="shortened settings for tests (8 tokens, 1 run, batch 2)")
+    parser.add_argument("--quick", action="store_true",
+                        help="shortened settings for tests (8 tokens, 1 run, batch 2 unless --batch says)")
     parser.add_argument("--in-process", action="store_true", help="run all groups in this process")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--_group", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
-        args.tokens, args.runs, args.batch, args.prefill_tokens = min(args.tokens, 8), 1, 2, 64
+        args.tokens, args.runs, args.batch, args.prefill_tokens = min(args.tokens, 8), 1, args.batch or 2, 64
         args.in_process = True
         if args.groups == ",".join(GROUPS):
             args.groups = ",".join(g for g in GROUPS if g != "llama-cpp")
+    args.batch = args.batch or 8
     return args
 
 

@@ -9,6 +9,8 @@ Every function returns a plain dict row with the same keys (None where a figure 
   prefill_tok_s     prompt tokens per second for a ~500-token prompt
   rss_mb            resident memory of the process after the row
   weights_mb        bytes of weights (each storage once)
+  tokens_per_step   our engine: new tokens per engine step over the measured runs (a count, not a
+                    time: about 1 for one stream, up to the batch size when the streams run together)
 Each figure is the median over ``runs`` runs after one warm-up.
 """
 from __future__ import annotations
@@ -100,22 +102,29 @@ def engine_rows(model_dir, quant: str, settings: BenchSettings, label: str) -> l
         stream.text()
         return stream.prompt_tokens / stream.ttft_s
 
+    def per_step(run, count: int) -> tuple[list, float]:
+        """``count`` runs, and the new tokens per engine step they took together."""
+        steps, tokens = engine.stats().steps, engine.stats().tokens_generated
+        results = [run() for _ in range(count)]
+        return results, (engine.stats().tokens_generated - tokens) / max(1, engine.stats().steps - steps)
+
     try:
         one_stream()  # warm-up
-        singles = [one_stream() for _ in range(settings.runs)]
+        singles, single_per_step = per_step(one_stream, settings.runs)
         prefill = median([prefill_run() for _ in range(settings.runs)])
         ms, tps, ttft = (median([s[i] for s in singles]) for i in range(3))
         weights = engine.weight_bytes / 2**20
         rows = [row(f"+ {label}" if label else "+ KV cache", ms_per_token=ms, tok_s_stream=tps,
                     tok_s_aggregate=tps, ttft_ms=ttft, prefill_tok_s=prefill, rss_mb=rss_mb(),
-                    weights_mb=weights, batch=1)]
+                    weights_mb=weights, batch=1, tokens_per_step=round(single_per_step, 2))]
         if settings.batch > 1:
             batch_run()  # warm-up
-            batches = [batch_run() for _ in range(settings.runs)]
+            batches, batch_per_step = per_step(batch_run, settings.runs)
             aggregate = median([b[0] for b in batches])
             rows.append(row(f"+ {label + ' + ' if label else ''}batching (batch {settings.batch})",
                             ms_per_token=1e3 * settings.batch / aggregate, tok_s_stream=median([b[1] for b in batches]),
-                            tok_s_aggregate=aggregate, rss_mb=rss_mb(), weights_mb=weights, batch=settings.batch))
+                            tok_s_aggregate=aggregate, rss_mb=rss_mb(), weights_mb=weights, batch=settings.batch,
+                            tokens_per_step=round(batch_per_step, 2)))
         return rows
     finally:
         engine.close()

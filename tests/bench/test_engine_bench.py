@@ -1,4 +1,7 @@
-"""The engine benchmark runs end to end on its shortened setting (figures are printed, not asserted)."""
+"""The engine benchmark runs end to end on its shortened setting. Figures are not asserted (the
+machine is shared); ratios measured in the same run are, where a working engine is far from the
+bound: INT8 with its KV cache well ahead of the no-cache baseline in tokens per second, and batch 8
+running its streams together (new tokens per engine step, a count)."""
 from __future__ import annotations
 
 import json
@@ -7,18 +10,32 @@ from bench import engine as bench
 
 
 def test_bench_quick_json(capsys):
-    assert bench.main(["--quick", "--json", "--groups", "baseline,fp32,int8,transformers-int8,conversation,quality"]) == 0
+    assert bench.main(["--quick", "--batch", "8", "--json", "--groups",
+                       "baseline,fp32,int8,transformers-int8,conversation,quality"]) == 0
     result = json.loads(capsys.readouterr().out)
     names = [r["name"] for r in result["rows"]]
-    assert names == ["baseline (no KV cache)", "+ KV cache", "+ batching (batch 2)", "+ INT8",
-                     "+ INT8 + batching (batch 2)", "transformers generate, int8 quantize_dynamic",
-                     "transformers generate, int8 quantize_dynamic (batch 2)"]
+    assert names == ["baseline (no KV cache)", "+ KV cache", "+ batching (batch 8)", "+ INT8",
+                     "+ INT8 + batching (batch 8)", "transformers generate, int8 quantize_dynamic",
+                     "transformers generate, int8 quantize_dynamic (batch 8)"]
     for r in result["rows"]:
         assert r["tok_s_aggregate"] > 0 and r["ms_per_token"] > 0 and r["rss_mb"] > 0
+    print(bench.format_table(result))
     assert result["ratios"]["int8_weights_vs_fp32_weights"] <= 0.35
+    rows = {r["name"]: r for r in result["rows"]}
+    # INT8 with its KV cache against recomputing the sequence for every token, in the same run:
+    # measured here on this setting 28x at load average 20 (the baseline suffers most from a busy
+    # machine); a decode that recomputed the sequence would sit near 1.
+    int8_vs_no_cache = rows["+ INT8"]["tok_s_stream"] / rows["baseline (no KV cache)"]["tok_s_stream"]
+    assert int8_vs_no_cache > 1.5, int8_vs_no_cache
+    # Batching as a count: 8 streams decode together, ~8 new tokens per engine step against ~1 for
+    # one stream; a scheduler that ran one stream at a time would give 1. (Not the wall-clock
+    # aggregate: at load average 20 on these 2 cores it measured 0.53x and 0.99x batch 1, against
+    # 4.5x on a quiet machine, README; threads that wait on each other suffer most.)
+    for single, batched in (("+ KV cache", "+ batching (batch 8)"), ("+ INT8", "+ INT8 + batching (batch 8)")):
+        assert rows[single]["tokens_per_step"] <= 1.2 and rows[batched]["tokens_per_step"] >= 4, \
+            (rows[single], rows[batched])
     assert len(result["conversation_ttft_ms"]) == 2
     assert set(result["quality"]) == {"engine int8", "engine int8, pure-torch path", "quantize_dynamic int8"}
-    print(bench.format_table(result))
 
 
 def test_bench_table_and_arguments(capsys):
