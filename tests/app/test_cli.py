@@ -1,10 +1,13 @@
 """The ``voxlane`` command, run as a user runs it: a real process, real models, offline."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,6 +28,14 @@ def test_help_explains_every_subcommand():
 
 def test_chat_answers_with_real_tokens_from_the_packaged_model():
     result = voxlane("chat", "--greedy", "What is the capital of France?")
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+
+
+def test_chat_on_the_reference_backend():
+    """The transformers reference backend keeps an end-to-end test of its own; every other
+    end-to-end test runs on the configured default, our engine."""
+    result = voxlane("chat", "--backend", "transformers", "--greedy", "What is the capital of France?")
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
 
@@ -69,6 +80,38 @@ def test_personas_commands(tmp_path):
     bad.write_text('name = "X"\nsystem_prompt = "y"\n[voice]\nspeaking_rate = 9\n')
     result = voxlane("personas", "validate", str(bad))
     assert result.returncode == 1 and "voice.speaking_rate" in result.stdout
+
+
+def test_personas_list_says_why_a_file_was_rejected(tmp_path):
+    (tmp_path / "ada.toml").write_text('name = "Ada"\nsystem_prompt = "You are Ada."\n')
+    (tmp_path / "broken.toml").write_text('name = "Broken"\nsystem_prompt = "x"\n[voice]\nspeaking_rate = 9\n')
+    listing = voxlane("personas", "list", env={"VOXLANE_PERSONAS_USER_DIR": str(tmp_path)})
+    assert listing.returncode == 0, listing.stderr
+    lines = {line.split()[0]: line for line in listing.stdout.splitlines() if line.strip()}
+    assert "INVALID" not in lines["ada"] and "INVALID" not in lines["nova"]
+    broken = listing.stdout[listing.stdout.index("\nbroken "):][:400]  # its line, and the reasons under it
+    assert "INVALID" in broken and str(tmp_path / "broken.toml") in broken
+    assert "voice.speaking_rate" in broken and "[0.5, 2.0]" in broken
+
+
+@pytest.mark.slow
+def test_bench_latency_in_a_quick_form_reports_every_stage():
+    """``voxlane bench latency`` (the README's headline figures), one question and one barge-in:
+    its JSON has every stage of the waterfall, the voice-to-voice figure, the ASR check and the
+    barge-in figures, measured on the default backend."""
+    result = voxlane("bench", "latency", "--questions", "1", "--barge-in", "1", "--json", timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    print(json.dumps({k: data[k] for k in ("conditions", "voice_to_voice_ms", "stages_ms_from_vad_speech_end",
+                                           "wer")}, indent=1))
+    assert data["conditions"]["llm_backend"] == "engine"
+    stages = data["stages_ms_from_vad_speech_end"]
+    for stage in ("turn_end_detected", "asr_final", "llm_first_token", "first_chunk_ready", "first_audio_out"):
+        assert stages[stage]["n"] == 1 and stages[stage]["p50"] >= 0, (stage, stages)
+    assert data["voice_to_voice_ms"]["n"] == 1 and data["voice_to_voice_ms"]["p50"] > 0
+    assert data["wer"] <= 0.2  # "What is the capital of France?" heard (six words)
+    barge_in = data["barge_in"]
+    assert barge_in["stop_ms"]["n"] == 1 and barge_in["llm_cancel_ms"]["n"] == 1 and barge_in["vad_detect_ms"]["n"] == 1
 
 
 def test_doctor_reports_each_check():
