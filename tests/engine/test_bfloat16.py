@@ -9,7 +9,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from tests.engine.conftest import GREEDY_PROMPTS
 
 
