@@ -14,6 +14,7 @@ DELEGATED = {
     "mic": ("app.mic", "talk to Voxlane with this computer's microphone and speakers"),
 }
 BENCHMARKS = {
+    "answers": ("bench.answers", "answer quality on everyday questions, per model, scored by rules"),
     "engine": ("bench.engine", "our LLM engine against transformers (and llama.cpp if importable)"),
     "latency": ("bench.latency", "voice-to-voice latency per stage on spoken questions"),
     "load": ("bench.load", "concurrent WebSocket clients against a server"),

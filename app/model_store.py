@@ -295,6 +295,19 @@ def cached_path(name: str) -> Path:
     return home_dir() / name
 
 
+def is_installed(spec: str) -> bool:
+    """True when every package of a packaged model is installed (a local or hub spec: True)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    model = PACKAGED.get(spec)
+    try:
+        for package in model.packages if model else ():
+            version(package)
+    except PackageNotFoundError:
+        return False
+    return True
+
+
 def is_ready(spec: str) -> bool:
     """True when resolving the spec needs no preparation or download."""
     model = PACKAGED.get(spec)
