@@ -100,6 +100,7 @@ class LLMStageConfig:
     history_token_budget: int = 1536  # prompt tokens (system + history + new turn); also capped by the context
     max_history_turns: int = 20
     is_prewarm_enabled: bool = True  # prefill the system prompt when the session starts (see LLMStage.setup)
+    is_partial_prefill_enabled: bool = True  # prefill the user's words so far at each partial transcript
 
     def __post_init__(self) -> None:
         check(128 <= self.history_token_budget <= 1_000_000, "history_token_budget",

@@ -75,7 +75,10 @@ class LLMStage(Stage):
                     self._active[1].cancel()
 
     def process(self, frame: Frame) -> Iterable[Frame]:
-        if isinstance(frame, Transcript) and frame.is_final:
+        if isinstance(frame, Transcript) and not frame.is_final:
+            yield frame  # shown at once; then its words go into the KV cache while the user speaks on
+            self._prefill_partial(frame.gen, frame.text)
+        elif isinstance(frame, Transcript) and frame.is_final:
             yield frame
             yield from self._answer(frame.gen, frame.text)
         elif isinstance(frame, TextIn):
@@ -87,6 +90,22 @@ class LLMStage(Stage):
             yield frame
         else:
             yield frame
+
+    def _prefill_partial(self, gen: int, text: str) -> None:
+        """Speculative prefill: the prompt the answer would have if the user stopped now, cut right
+        after their words, goes into the session's KV slot (``backend.prefill``). The final
+        transcript's prompt shares all of it up to the first changed word, so at the end of the turn
+        only the last words and the assistant header are prefilled. Only an optimization: a backend
+        without ``prefill`` (or without a session) skips it, and a failure is logged, not raised."""
+        prefill = getattr(self.backend, "prefill", None)
+        if prefill is None or not self.session or not self.config.is_partial_prefill_enabled:
+            return
+        if not text.strip() or self.is_stale(gen):
+            return
+        try:
+            prefill(self._prompt(gen, self.persona(), text), self.session)
+        except Exception:
+            log.warning("prefilling a partial transcript failed", exc_info=True)
 
     def _prompt(self, gen: int, persona: Persona, user: str) -> list[dict]:
         budget = min(self.config.history_token_budget, self.backend.context_length - persona.sampling.max_tokens)
