@@ -10,6 +10,7 @@ stepping thread.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -35,6 +36,7 @@ from engine.stop_strings import StopStringFilter
 from engine.stream import TokenStream
 
 Prompt = list[dict] | list[int] | str  # chat messages, token ids, or raw text
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -265,21 +267,48 @@ class LLMEngine:
                 if logits is not None and seq.probe_ids is not None:
                     self._finish_probe(seq, logits)
                 elif logits is not None:
-                    token = self.sampler.sample(logits[None], [seq])[0]
-                    self._append(seq, token)
-                    new_tokens += 1
+                    new_tokens += self._postprocess([seq], logits[None])
         if plan.decode:
             seqs = plan.decode
             logits = self.runner.decode([s.slot for s in seqs], [s.last_token for s in seqs],
                                         [s.num_tokens - 1 for s in seqs])
             for seq in seqs:
                 seq.num_cached += 1
-            tokens = self.sampler.sample(logits, seqs)
-            for seq, token in zip(seqs, tokens):
-                self._append(seq, token)
-            new_tokens += len(seqs)
+            new_tokens += self._postprocess(seqs, logits)
         self._steps += 1
         self._record(new_tokens)
+
+    def _postprocess(self, seqs: list[Sequence], logits: torch.Tensor) -> int:
+        """Samples and appends one token per sequence (logits [B, V]); returns how many were added.
+        A fault one request causes (its sampling settings, its text) ends that request alone, with
+        the error; the others keep decoding. (A fault in the batched forward itself cannot be
+        pinned on one request: ``_loop`` ends the running ones.)"""
+        try:
+            tokens = self.sampler.sample(logits, seqs)
+        except Exception:  # some row's own settings: sample row by row to find it
+            tokens = [self._sample_alone(seq, logits[i:i + 1]) for i, seq in enumerate(seqs)]
+        added = 0
+        for seq, token in zip(seqs, tokens):
+            if token is None:
+                continue
+            try:
+                self._append(seq, token)
+                added += 1
+            except Exception as error:
+                self._fail(seq, error)
+        return added
+
+    def _sample_alone(self, seq: Sequence, logits: torch.Tensor) -> int | None:
+        try:
+            return self.sampler.sample(logits, [seq])[0]
+        except Exception as error:
+            self._fail(seq, error)
+            return None
+
+    def _fail(self, seq: Sequence, error: BaseException) -> None:
+        log.warning("request %d failed on the engine thread, alone: %r", seq.id, error)
+        self.scheduler.finish(seq, "error")
+        self._close(seq, error)
 
     def run_until_idle(self, max_steps: int | None = None) -> None:
         """Step until no request is left (for ``background=False`` use)."""
@@ -372,11 +401,13 @@ class LLMEngine:
                 time.sleep(window_s)  # requests arriving together start together (one batch)
             try:
                 self.step()
-            except BaseException as error:  # never die silently: end every request with the error
-                self._fail_all(error)
+            except BaseException as error:  # a batched forward failed: never die silently
+                self._fail_running(error)
 
-    def _fail_all(self, error: BaseException) -> None:
-        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+    def _fail_running(self, error: BaseException) -> None:
+        """Ends the sequences that were in the failed forward; the waiting ones were not in it."""
+        log.exception("engine step failed; ending the %d running requests", len(self.scheduler.running))
+        for seq in list(self.scheduler.running):
             self.scheduler.finish(seq, "error")
             self._close(seq, error)
 

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+MAX_SEED = 2**63  # seeds are in [0, 2**63): torch's generators take a signed 64-bit value
+MAX_STOPS = 4
+MAX_STOP_CHARS = 64  # the stop filter's work per token grows with the number x length of stops
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -28,6 +32,10 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty: must be in [0.5, 2], got {self.repetition_penalty}")
         if not 1 <= self.max_tokens <= 32768:
             raise ValueError(f"max_tokens: must be in [1, 32768], got {self.max_tokens}")
+        if self.seed is not None and not 0 <= self.seed < MAX_SEED:
+            raise ValueError(f"seed: must be in [0, 2**63), got {self.seed}")
+        if len(self.stop) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in self.stop):
+            raise ValueError(f"stop: at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters")
 
     @property
     def is_greedy(self) -> bool:
