@@ -47,6 +47,7 @@ class ServerConfig:
     max_session_s: float = 4 * 3600.0  # a session lasts at most this long ("session_expired")
     max_messages_per_s: float = 50.0  # JSON messages per session and second (bursts of twice that)
     max_audio_speed: float = 4.0  # audio seconds per second a session may send (bursts of 60 s)
+    max_api_requests: int = 4  # /v1 requests in flight; more get 429 (the engine's other slots stay for voice)
 
     def __post_init__(self) -> None:
         check(0 <= self.port <= 65535, "port", f"must be in [0, 65535] (0: any free port), got {self.port}")
@@ -57,6 +58,8 @@ class ServerConfig:
               f"must be in [1, max_connections ({self.max_connections})], got {self.max_pending_sockets}")
         check(1 <= self.max_pending_per_client <= self.max_pending_sockets, "max_pending_per_client",
               f"must be in [1, max_pending_sockets ({self.max_pending_sockets})], got {self.max_pending_per_client}")
+        check(1 <= self.max_api_requests <= 1024, "max_api_requests",
+              f"must be in [1, 1024], got {self.max_api_requests}")
         for name in ("max_message_bytes", "max_body_bytes"):
             value = getattr(self, name)
             check(1024 <= value <= 64 << 20, name, f"must be in [1024, 64 MiB], got {value}")

@@ -125,4 +125,4 @@ class LocalVoiceLoop:
             self.stats.waterfalls.append(frame.waterfall)
             self.on_event("turn", frame.waterfall)
         elif isinstance(frame, f.ErrorFrame):
-            self.on_event("error", f"{frame.stage}: {frame.message}")
+            self.on_event("error", f"{frame.stage}: {frame.detail or frame.message}")

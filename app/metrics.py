@@ -40,6 +40,8 @@ class Metrics:
         self.errors = Counter("voxlane_errors", "Errors sent to clients, by code", ["code"], registry=r)
         self.stage_latency = Histogram("voxlane_stage_latency_seconds", "Per-stage latency from turn waterfalls",
                                        ["stage"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.audio_dropped = Counter("voxlane_audio_frames_dropped", "Client audio frames dropped because a "
+                                     "session's pipeline could not take them", registry=r)
         self.llm_tokens = Counter("voxlane_llm_tokens", "Tokens generated for turns", registry=r)
         self.llm_tokens_per_s = Gauge("voxlane_llm_tokens_per_second", "Decode rate of the last turn", registry=r)
         self._engine_stats = engine_stats
@@ -56,6 +58,9 @@ class Metrics:
 
     def on_session_closed(self) -> None:
         self.sessions.dec()
+
+    def on_audio_dropped(self) -> None:
+        self.audio_dropped.inc()
 
     def on_error(self, code: str) -> None:
         self.errors.labels(code=code).inc()

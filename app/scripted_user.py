@@ -130,7 +130,7 @@ class ScriptedUser:
         elif isinstance(frame, AssistantDone):
             self._turn(frame.gen).assistant = frame.text
         elif isinstance(frame, ErrorFrame):
-            self._turn(frame.gen).error = f"{frame.stage}: {frame.message}"
+            self._turn(frame.gen).error = f"{frame.stage}: {frame.detail or frame.message}"
         elif isinstance(frame, TurnDone):
             turn = self._turn(frame.gen)
             turn.is_done, turn.waterfall = True, frame.waterfall

@@ -10,6 +10,7 @@ load average is printed with them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -116,14 +117,23 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+STORY_MAX_TOKENS = 400  # the story must still be generating when the user speaks over it
+
+
 def measure_barge_in(models, personas, persona_name, config, persona, count: int) -> dict:
+    """Barge-ins over a long story: when playback stopped, when the VAD heard the user, and how
+    long after the interrupt the LLM generation ended. The story gets its own answer length: with
+    the question runs' short answers (--max-tokens 40) the generation had always ended before the
+    user spoke, and there was nothing to cancel (the old report printed "p50 nan")."""
     if count <= 0:
         return {}
     story, stop = synthesize(("Tell me a long story about a brave little dragon.", "Stop, please."), models,
                              persona.voice)
-    stops, detects, cancels = [], [], []
+    storyteller = dataclasses.replace(persona, sampling=dataclasses.replace(persona.sampling,
+                                                                            max_tokens=STORY_MAX_TOKENS))
+    stops, detects, cancels, ended_before = [], [], [], 0
     for _ in range(count):
-        pipeline = make_pipeline(models, personas, persona_name, config, session="bench-barge-in")
+        pipeline = make_pipeline(models, storyteller, persona_name, config, session="bench-barge-in")
         end_session(models, "bench-barge-in")
         try:
             result = ScriptedUser(pipeline).run([story, stop], barge_in_at_s=0.5, is_last_played=False)
@@ -133,10 +143,13 @@ def measure_barge_in(models, personas, persona_name, config, persona, count: int
             pipeline.close()
         stops += result.barge_in_stop_ms[:1]
         detects += result.barge_in_detect_ms[:1]
-        if "interrupted" in marks and "llm_done" in marks and marks["llm_done"] >= marks["interrupted"]:
-            cancels.append(1000 * (marks["llm_done"] - marks["interrupted"]))
+        if "interrupted" in marks and "llm_done" in marks:
+            if marks["llm_done"] >= marks["interrupted"]:
+                cancels.append(1000 * (marks["llm_done"] - marks["interrupted"]))
+            else:
+                ended_before += 1  # the whole story was written before the user spoke: nothing to cancel
     return {"stop_ms": summary(stops), "vad_detect_ms": summary(detects), "llm_cancel_ms": summary(cancels),
-            "samples": stops}
+            "llm_ended_before_interrupt": ended_before, "samples": stops}
 
 
 def report(turns: list[dict], barge: dict, args, config) -> dict:
@@ -165,5 +178,10 @@ def print_report(data: dict) -> None:
         b = data["barge_in"]
         print(f"barge-in: playback stopped p50 {b['stop_ms']['p50']} / p95 {b['stop_ms']['p95']} ms of audio after "
               f"the interrupting speech began (n={b['stop_ms']['n']}; of which the VAD needed p50 "
-              f"{b['vad_detect_ms']['p50']} ms of audio, the rest is processing); LLM generation ended p50 "
-              f"{b['llm_cancel_ms']['p50']} ms after the interrupt")
+              f"{b['vad_detect_ms']['p50']} ms of audio, the rest is processing)")
+        cancel, before = b["llm_cancel_ms"], b["llm_ended_before_interrupt"]
+        if cancel["n"]:
+            print(f"  LLM generation ended p50 {cancel['p50']} / p95 {cancel['p95']} ms after the interrupt "
+                  f"(n={cancel['n']})" + (f"; in {before} more run(s) it had ended before it" if before else ""))
+        else:
+            print(f"  LLM generation: nothing to cancel, it had ended before the interrupt in all {before} run(s)")

@@ -164,7 +164,10 @@ class TurnDone(Frame):
 
 @dataclass
 class ErrorFrame(Frame):
-    """*out* A stage failed on turn ``gen``; the turn ends here, the next one works."""
+    """*out* A stage failed on turn ``gen``; the turn ends here, the next one works. ``message`` is
+    for the user (a server sends it to its client); ``detail`` (the exception) is for this
+    machine's own logs and tools, never for a remote client."""
 
     stage: str = ""
     message: str = ""
+    detail: str = ""

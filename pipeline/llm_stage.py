@@ -15,7 +15,7 @@ from pipeline.frames import (AssistantDone, ErrorFrame, Frame, Interrupt, SpeakC
                              TextDelta, TextIn, Transcript)
 from pipeline.history import History
 from pipeline.persona import Persona
-from pipeline.stage import Stage
+from pipeline.stage import Stage, TurnRefused
 from pipeline.waterfall import WaterfallBook
 
 log = logging.getLogger(__name__)
@@ -53,10 +53,16 @@ class LLMStage(Stage):
                 return
             messages = [{"role": "system", "content": self.persona().full_system_prompt()},
                         {"role": "user", "content": ""}]
-            for _ in self.backend.generate(messages, SamplingParams(temperature=0.0, max_tokens=1), self.session):
+            completion = self.backend.generate(messages, SamplingParams(temperature=0.0, max_tokens=1), self.session)
+            with self._lock:  # the first turn's Interrupt cancels it: a busy engine must not hold that turn up
+                self._active = (0, completion)
+            for _ in completion:
                 pass
         except Exception:  # only an optimization: the first turn will say what is wrong
             log.warning("prewarming the LLM session failed", exc_info=True)
+        finally:
+            with self._lock:
+                self._active = None
 
     def _share_system_prompt(self, persona: Persona) -> None:
         """Ask the backend (if it can) to keep this persona's system prompt as a shared prefix; again
@@ -103,25 +109,34 @@ class LLMStage(Stage):
         if not text.strip() or self.is_stale(gen):
             return
         try:
-            prefill(self._prompt(gen, self.persona(), text), self.session)
+            prefill(self._prompt(gen, self.persona(), text)[0], self.session)
         except Exception:
             log.warning("prefilling a partial transcript failed", exc_info=True)
 
-    def _prompt(self, gen: int, persona: Persona, user: str) -> list[dict]:
+    def _prompt(self, gen: int, persona: Persona, user: str) -> tuple[list[dict], int]:
+        """The turn's prompt and its length in tokens. The history is trimmed (oldest exchanges
+        first) to the budget; the user's own words never are: a turn that does not fit even alone
+        with the system prompt is refused (TurnRefused), not cut."""
         budget = min(self.config.history_token_budget, self.backend.context_length - persona.sampling.max_tokens)
-        return self.history.messages(persona.full_system_prompt(), gen, user, self.backend.count_tokens,
-                                     max(budget, 64), self.config.max_history_turns)
+        messages = self.history.messages(persona.full_system_prompt(), gen, user, self.backend.count_tokens,
+                                         max(budget, 64), self.config.max_history_turns)
+        num_tokens = self.backend.count_tokens(messages)
+        if num_tokens >= self.backend.context_length:
+            log.warning("turn %d refused: its prompt is %d tokens, the model's context %d (the user's text: %d "
+                        "characters)", gen, num_tokens, self.backend.context_length, len(user))
+            raise TurnRefused("That message is too long for me to read. Please say it in fewer words.")
+        return messages, num_tokens
 
     def _answer(self, gen: int, user: str) -> Iterable[Frame]:
         persona = self.persona()
         if self.config.is_prewarm_enabled and self._shared_prompt is not None:
             self._share_system_prompt(persona)
-        messages = self._prompt(gen, persona, user)
+        messages, num_prompt_tokens = self._prompt(gen, persona, user)
         self.history.begin(gen, user)
         chunker = SpeakableChunker(self.chunker_config, persona.speech)
         self.book.mark(gen, "llm_request")
         completion = self.backend.generate(messages, persona.sampling, self.session)
-        self.book.set(gen, "prompt_tokens", self.backend.count_tokens(messages))  # counted while it prefills
+        self.book.set(gen, "prompt_tokens", num_prompt_tokens)
         with self._lock:
             self._active = (gen, completion)
         if self.is_stale(gen):  # interrupted between the check in the loop and registering

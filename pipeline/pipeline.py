@@ -95,17 +95,24 @@ class Pipeline:
 
     # --- input -------------------------------------------------------------------------------
 
-    def push_audio(self, samples: np.ndarray, sample_rate: int = PIPELINE_RATE, channels: int = 1) -> None:
+    def push_audio(self, samples: np.ndarray, sample_rate: int = PIPELINE_RATE, channels: int = 1,
+                   block: bool = True) -> bool:
         """Microphone audio: any rate, interleaved channels or (frames, channels), int16/int32/float.
-        Call with consecutive pieces of one stream; resampled once here to 16 kHz mono."""
+        Call with consecutive pieces of one stream; resampled once here to 16 kHz mono. With
+        ``block=False`` (the server's event loop) a full VAD queue drops the piece and returns False."""
         if not self._has_audio_input:
             raise RuntimeError("this pipeline was built without VAD/ASR (text-only)")
         if self._is_closed:
             raise RuntimeError("the pipeline is closed")
         with self._input_lock:  # the resampler's state is one stream's
             mono = self._resampler(to_mono_float32(samples, channels), sample_rate)
-            if len(mono):
-                self._first.put(AudioIn(gen=0, samples=mono, t=time.monotonic()))
+            if not len(mono):
+                return True
+            frame = AudioIn(gen=0, samples=mono, t=time.monotonic())
+            if block:
+                self._first.put(frame)
+                return True
+            return self._first.offer(frame)
 
     def text_input(self, text: str) -> int:
         """A typed user turn; it interrupts whatever the assistant was saying. Returns its gen."""

@@ -18,6 +18,11 @@ from pipeline.frames import ErrorFrame, Frame, Interrupt, SystemFrame
 log = logging.getLogger(__name__)
 
 Sink = Callable[[Frame], None]
+
+
+class TurnRefused(Exception):
+    """A turn a stage will not do, with a message written for the user (the turn's error says it).
+    Any other exception is a failure: the user gets a generic message, the log the details."""
 _STOP = object()  # the sentinel that ends a stage's thread
 
 
@@ -51,6 +56,18 @@ class Stage:
             self._downstream(frame)
         else:
             self._inbox.put(frame)
+
+    def offer(self, frame: Frame) -> bool:
+        """``put`` for a caller that must never wait (the server's event loop): False, and the
+        frame is not taken, when the in-queue is full."""
+        if isinstance(frame, SystemFrame):
+            self.put(frame)
+            return True
+        try:
+            self._inbox.put_nowait(frame)
+            return True
+        except queue.Full:
+            return False
 
     def _purge(self) -> None:
         """Drop queued data frames of older turns (the queue's own lock keeps it safe)."""
@@ -110,9 +127,12 @@ class Stage:
             try:
                 for out in self.process(frame):
                     self.emit(out)
+            except TurnRefused as refusal:
+                self.emit(ErrorFrame(gen=frame.gen, stage=self.name, message=str(refusal), detail=str(refusal)))
             except Exception as error:  # a failing turn must not take the stage (and the session) down
                 log.exception("stage %s failed on gen %d", self.name, frame.gen)
-                self.emit(ErrorFrame(gen=frame.gen, stage=self.name, message=f"{type(error).__name__}: {error}"))
+                self.emit(ErrorFrame(gen=frame.gen, stage=self.name, detail=f"{type(error).__name__}: {error}",
+                                     message=f"Sorry, the {self.name} stage failed on this turn; the next one works."))
 
     def stop(self, timeout_s: float = 5.0) -> bool:
         """Ends the thread after the frame in hand; returns False if it did not end in time."""

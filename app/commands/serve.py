@@ -57,7 +57,7 @@ def run(args) -> int:
 
     # The same loaded LLM also answers OpenAI-compatible clients on /v1 (same port, same token).
     app = create_app(config, factory, with_ui=not args.no_ui,
-                     routers=(openai_router(factory.llm, config.models.llm),))
+                     routers=(openai_router(factory.llm, config.models.llm, config.server.max_api_requests),))
     print(f"voxlane: serving on {url}  (WebSocket: {url.replace('http', 'ws', 1)}/ws, "
           f"OpenAI-compatible: {url}/v1, metrics: /metrics)", file=sys.stderr, flush=True)
     import uvicorn

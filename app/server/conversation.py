@@ -16,8 +16,9 @@ from pipeline.frames import Frame
 class Conversation(Protocol):
     """One user's conversation: a running pipeline with its own history and turn counter."""
 
-    def push_audio(self, pcm: np.ndarray, sample_rate_hz: int) -> None:
-        """Mono int16 microphone samples at the client's rate (resampled inside, once)."""
+    def push_audio(self, pcm: np.ndarray, sample_rate_hz: int, block: bool = True) -> bool:
+        """Mono int16 microphone samples at the client's rate (resampled inside, once). With
+        ``block=False`` it never waits: False when the pipeline's input is full (the piece is dropped)."""
 
     def text_input(self, text: str) -> None: ...
 

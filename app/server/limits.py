@@ -29,7 +29,8 @@ class TokenBucket:
 
 class TurnWatch:
     """Follows the turn in flight from the pipeline's output frames. A turn starts when the user's
-    turn is over (``SpeechEnded`` or a final transcript), or with a spoken notice's ``Interrupt``,
+    turn is over (``SpeechEnded`` or a final transcript), or with the ``Interrupt`` that opens a
+    typed turn or a spoken notice,
     and ends with ``TurnDone`` or a newer ``Interrupt``; ``stalled`` reports it when no frame of it
     came for ``timeout_s``."""
 
@@ -51,9 +52,10 @@ class TurnWatch:
             if gen == self.gen:
                 self.gen = None  # nothing intelligible was said: no answer follows
             return
-        # A spoken notice (the apology) is a turn with nothing before its speech: watched from its start.
+        # A typed turn is watched from its first frame, the Interrupt that opens it (it reaches the
+        # output at once, whatever the stages are busy with); a spoken notice (the apology) likewise.
         starts = (isinstance(frame, f.SpeechEnded) or (isinstance(frame, f.Transcript) and frame.is_final)
-                  or _is_notice(frame))
+                  or (isinstance(frame, f.Interrupt) and frame.reason in ("text", "notice")))
         if starts and (self.gen is None or gen > self.gen):
             self.gen = gen
         if gen == self.gen:

@@ -151,7 +151,10 @@ class SocketHandler:
                                       f"audio arrives faster than {self.config.max_audio_speed:g}x real time "
                                       "(server.max_audio_speed); frames are dropped")
             self.session.num_audio_bytes_in += len(data)
-            self.session.conversation.push_audio(np.frombuffer(data, dtype="<i2"), self.session.input_rate_hz)
+            # Never waits on the event loop: a pipeline too slow to take audio loses it (counted).
+            if not self.session.conversation.push_audio(np.frombuffer(data, dtype="<i2"), self.session.input_rate_hz,
+                                                        block=False):
+                self.metrics.on_audio_dropped()
             return
         if not self._messages.take():
             raise p.ProtocolError(p.ErrorCode.RATE_LIMITED,

@@ -152,10 +152,11 @@ class ScriptedModels:
             pipeline.close()
 
 
-def make_server(vad_path, with_ui: bool = False, with_api: bool = False, log_level: str = "warning",
+def make_server(vad_path, with_ui: bool = False, with_api: bool = False, log_level: str = "warning", llm=None,
                 **server_settings) -> BackgroundServer:
     """A server on ``server_settings``' host (127.0.0.1 unless given), on a port it binds itself;
-    ``with_api``: with the OpenAI-compatible /v1 on the scripted LLM. Timeouts are generous by
+    ``with_api``: with the OpenAI-compatible /v1 on the scripted LLM (or ``llm``, e.g. our engine,
+    which then also answers the sessions). Timeouts are generous by
     default: on a loaded machine a live socket may go quiet for a second without anything being
     wrong. A test of one timeout sets that one short on a server of its own (their logic is
     tested on a fake clock in test_hardening.py)."""
@@ -164,9 +165,11 @@ def make_server(vad_path, with_ui: bool = False, with_api: bool = False, log_lev
     settings.update(server_settings)
     config = AppConfig(server=ServerConfig(**settings))
     factory = ScriptedModels(vad_path)
+    if llm is not None:
+        factory.llm = llm
     from app.openai_api import openai_router
 
-    routers = (openai_router(factory.llm, "scripted"),) if with_api else ()
+    routers = (openai_router(factory.llm, "scripted", config.server.max_api_requests),) if with_api else ()
     app = create_app(config, factory, with_ui=with_ui, routers=routers)
     server = BackgroundServer(app, host=config.server.host, log_level=log_level)
     server.factory, server.registry, server.metrics = factory, app.state.registry, app.state.metrics

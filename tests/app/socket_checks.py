@@ -11,12 +11,12 @@ import time
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-PROCESS_WIDE_THREADS = ("asyncio_", "AnyIO worker thread", "tqdm_monitor")
+PROCESS_WIDE_THREADS = ("asyncio_", "AnyIO worker thread", "tqdm_monitor", "voxlane-v1")
 
 
 def num_threads() -> int:
-    """Threads, leaving out bounded, reused pools and process-wide singletons (the event loop's and
-    AnyIO's worker pools, tqdm's monitor): what is left is per session."""
+    """Threads, leaving out bounded, reused pools and process-wide singletons (the event loop's,
+    AnyIO's and /v1's worker pools, tqdm's monitor): what is left is per session."""
     return sum(not t.name.startswith(PROCESS_WIDE_THREADS) for t in threading.enumerate())
 
 
@@ -72,12 +72,13 @@ def turn(ws, text: str = "ping") -> list[dict]:
     return read_turn(ws, text)
 
 
-def read_turn(ws, text: str | None = None) -> list[dict]:
+def read_turn(ws, text: str | None = None, timeout_s: float = 30.0) -> list[dict]:
     """The JSON messages up to the "turn" message of the turn whose final transcript is ``text``
-    (of the next turn of any kind when None); audio PCM frames are skipped."""
+    (of the next turn of any kind when None); audio PCM frames are skipped. ``timeout_s``: the
+    longest wait for one message."""
     seen, gen = [], None
     while True:
-        message = ws.recv(timeout=30)
+        message = ws.recv(timeout=timeout_s)
         if isinstance(message, bytes):
             continue
         seen.append(data := json.loads(message))

@@ -147,7 +147,7 @@ def test_remote_llm_refusing_connections_then_recovering(remote_server):
         start(ws)
         error = ended_with_error(turn(ws, "ping"))  # refused, retried with backoff, then given up cleanly
         assert error["code"] == "pipeline_error" and error["stage"] == "llm"
-        assert "connect" in error["message"].lower() or "refused" in error["message"].lower(), error
+        assert error["message"].startswith("Sorry") and "Error" not in error["message"], error  # details: log only
         with BackgroundServer(upstream, sock=remote_server.remote_socket):
             assert_normal_turn(ws)  # the remote server is up: the same session answers again
             assert_normal_turn(ws)

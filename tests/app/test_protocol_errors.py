@@ -29,8 +29,9 @@ class ScriptedConversation:
         self.reports: list[tuple[int, int]] = []
         self.is_closed = False
 
-    def push_audio(self, pcm, sample_rate_hz):
+    def push_audio(self, pcm, sample_rate_hz, block=True):
         self.audio_samples += len(pcm)
+        return True
 
     def text_input(self, text):
         self.gen += 1

@@ -67,12 +67,12 @@ def test_non_streaming_and_models_endpoints(voxlane_v1):
     assert reply["usage"]["prompt_tokens"] > 10 and reply["usage"]["completion_tokens"] > 0
 
 
-def test_bad_requests_get_422s_not_crashes(voxlane_v1):
+def test_bad_requests_get_400s_not_crashes(voxlane_v1):
     for body in ({"messages": []}, {"messages": [{"role": "wizard", "content": "x"}]},
                  {"messages": QUESTION, "temperature": 7}, {"messages": QUESTION, "stop": ["a"] * 5}, {}):
-        assert httpx.post(f"{voxlane_v1}/chat/completions", json=body).status_code == 422, body
+        assert httpx.post(f"{voxlane_v1}/chat/completions", json=body).status_code == 400, body  # OpenAI's status
     assert httpx.post(f"{voxlane_v1}/chat/completions", content=b"{not json",
-                      headers={"content-type": "application/json"}).status_code == 422
+                      headers={"content-type": "application/json"}).status_code == 400
     # and it still answers afterwards
     assert "Paris" in "".join(RemoteBackend(RemoteSettings(voxlane_v1)).generate(QUESTION, GREEDY))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 PROMPT = [{"role": "user", "content": "Count from one to twenty in words."}]
 

@@ -47,7 +47,7 @@ def test_a_failing_llm_ends_the_turn_with_an_error_and_the_next_turn_works(perso
     with make(backend, personas) as pipeline:
         frames = collect_turn(pipeline, pipeline.text_input("first"))
         errors = [f for f in frames if isinstance(f, ErrorFrame)]
-        assert errors and errors[0].stage == "llm" and "engine fell over" in errors[0].message
+        assert errors and errors[0].stage == "llm" and "engine fell over" in errors[0].detail
         assert "error" in frames[-1].waterfall["counts"]
         frames = collect_turn(pipeline, pipeline.text_input("second"))
         assert any(isinstance(f, AudioOut) for f in frames)

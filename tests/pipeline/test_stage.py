@@ -56,6 +56,6 @@ def test_exception_becomes_error_frame_and_the_stage_goes_on():
     stage.put(TextIn(gen=1, text="boom"))
     stage.put(TextIn(gen=2, text="fine"))
     error = out.get(timeout=5)
-    assert isinstance(error, ErrorFrame) and error.gen == 1 and "exploded" in error.message
+    assert isinstance(error, ErrorFrame) and error.gen == 1 and "exploded" in error.detail
     assert out.get(timeout=5).text == "fine"
     assert stage.stop()
