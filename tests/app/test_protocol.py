@@ -214,7 +214,14 @@ def test_two_sessions_at_once_keep_their_histories_apart(server, prompts):
                     ws.send(json.dumps({"type": "text", "text": text}))
                     seen = read_until(ws, lambda m: m["type"] == "assistant_done", timeout_s=240)
                     exchanges.append((text, seen[-1]["text"]))
-                    read_until(ws, lambda m: m["type"] == "turn" and m["gen"] == seen[-1]["gen"], timeout_s=240)
+                    gen = seen[-1]["gen"]
+                    seen += read_until(ws, lambda m: m["type"] == "turn" and m["gen"] == gen, timeout_s=240)
+                    # Heard to the end, as a client that plays the audio reports it (without the report
+                    # the server estimates real-time playback, and the next text would cut the reply).
+                    audio = [m for m in seen if m["type"] == "audio" and m["gen"] == gen]
+                    assert audio, "the answer was not spoken"
+                    played = max(m["start_sample"] + m["samples"] for m in audio)
+                    ws.send(json.dumps({"type": "played", "gen": gen, "samples": played}))
                 pipeline = next(p for p in list(server.factory._open) if p.session and p.history
                                 and name in p.history[0].user)
                 names[name] = (ready["session"], exchanges, [(e.user, e.assistant) for e in pipeline.history])
