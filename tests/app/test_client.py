@@ -1,5 +1,6 @@
-"""``voxlane client`` against a running server (real pipeline): --wav and --text from the command
-line, --mic with the file-backed device double, and a clear failure when no server is there."""
+"""``voxlane client`` against ``voxlane serve`` running in its own process on the configured default
+backend (our engine), as a user runs them: --wav and --text from the command line, --mic with the
+file-backed device double, the README's client example, and a clear failure when no server is there."""
 from __future__ import annotations
 
 import asyncio
@@ -14,25 +15,19 @@ import pytest
 from app.audio_devices import FileDevices
 from app.client import build_parser
 from app.client_mic import run_mic
-from app.config import AppConfig
-from app.server.app import create_app
-from app.server.pipeline_conversations import PipelineConversations
-from app.server.runner import BackgroundServer, bind_socket
+from app.server.runner import bind_socket
 from pipeline.wavfile import read_wav
+from tests.serve_process import ServeProcess
 from tests.setup_needs import need_command
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-BACKEND = os.environ.get("VOXLANE_TEST_BACKEND", "transformers")
 
 
 @pytest.fixture(scope="module")
-def server():
-    factory = PipelineConversations(AppConfig(), BACKEND)
-    factory.warm_up()
-    with BackgroundServer(create_app(AppConfig(), factory, with_ui=False)) as running:
-        yield running
-    factory.close()
+def server(tmp_path_factory):
+    with ServeProcess(tmp_path_factory.mktemp("serve"), "--no-ui") as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +43,14 @@ def _client(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     return subprocess.run([sys.executable, "-m", "app", "client", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
+
+
+def test_the_server_runs_the_configured_default_engine(server):
+    import httpx
+
+    metrics = httpx.get(server.url + "/metrics", timeout=30).text  # the engine's gauges exist only on our engine
+    slots = [line for line in metrics.splitlines() if line.startswith("voxlane_engine_kv_slots ")]
+    assert slots and float(slots[0].split()[1]) > 0, metrics[-2000:]
 
 
 def test_client_wav_prints_the_turn_and_writes_the_reply(server, stereo_question_wav, tmp_path):

@@ -1,9 +1,7 @@
 """``voxlane mic`` with the file-backed device double: a spoken question from a WAV through a
-simulated 48 kHz microphone, the real pipeline, and a simulated 48 kHz speaker. One set of models
-for the module."""
+simulated 48 kHz microphone, the real pipeline on the configured default backend (our engine), and
+a simulated 48 kHz speaker. One set of models for the module."""
 from __future__ import annotations
-
-import os
 
 import numpy as np
 import pytest
@@ -14,12 +12,11 @@ from app.mic import build_parser, run
 from app.server.pipeline_conversations import PipelineConversations
 
 pytestmark = pytest.mark.slow
-BACKEND = os.environ.get("VOXLANE_TEST_BACKEND", "transformers")
 
 
 @pytest.fixture(scope="module")
 def factory():
-    made = PipelineConversations(AppConfig(), BACKEND)
+    made = PipelineConversations(AppConfig())  # the configured default backend
     made.warm_up()
     yield made
     made.close()

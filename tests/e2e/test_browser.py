@@ -1,20 +1,20 @@
-"""A real browser talks to ``voxlane serve``: headless Chromium (Debian's) with a fake microphone
-playing a spoken question opens the page, goes hands-free, and must show the transcript and the
-reply, and play non-silent reply audio through the page's audio output (the playback worklet).
+"""A real browser talks to ``voxlane serve`` on the configured default backend (our engine):
+headless Chromium (Debian's) with a fake microphone playing a spoken question opens the page, goes
+hands-free, and must show the transcript and the reply, and play non-silent reply audio through the
+page's audio output (the playback worklet).
 
 The screenshot goes to artifacts/ (gitignored); its path is printed.
 """
 from __future__ import annotations
 
-import os
 import shutil
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.serve_process import ServeProcess
+from tests.setup_needs import need_command, need_file
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -22,60 +22,23 @@ ARTIFACTS = ROOT / "artifacts"
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, process: subprocess.Popen, timeout_s: float) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"voxlane serve exited with {process.returncode}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} not healthy after {timeout_s} s")
-
-
 @pytest.fixture(scope="module")
 def question_wav(tmp_path_factory) -> Path:
     """The question, then 40 s of silence: Chromium loops the file, and the question must be
     asked once within the test."""
-    if not shutil.which("espeak-ng") or not shutil.which("sox"):
-        pytest.skip("espeak-ng and sox are needed to make the spoken question")
+    espeak, sox = need_command("espeak-ng"), need_command("sox")
     folder = tmp_path_factory.mktemp("browser")
     raw, wav = folder / "raw.wav", folder / "question.wav"
-    subprocess.run(["espeak-ng", "-s", "150", "-w", str(raw), "What is the capital of France?"], check=True)
-    subprocess.run(["sox", str(raw), "-r", "48000", "-c", "1", "-b", "16", str(wav), "pad", "0.5", "40"], check=True)
+    subprocess.run([espeak, "-s", "150", "-w", str(raw), "What is the capital of France?"], check=True)
+    subprocess.run([sox, str(raw), "-r", "48000", "-c", "1", "-b", "16", str(wav), "pad", "0.5", "40"], check=True)
     return wav
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1")
-    backend = os.environ.get("VOXLANE_TEST_BACKEND", "transformers")
-    with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "app", "serve", "--port", str(port), "--backend", backend],
-                                   cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        _wait_healthy(f"http://127.0.0.1:{port}/healthz", process, timeout_s=300)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        print(f"server log: {log_path}")
+    """``voxlane serve`` as started by ``./dev run``: no --backend, so the configured default."""
+    with ServeProcess(tmp_path_factory.mktemp("serve")) as served:
+        yield served.url
 
 
 def _launch(pw, wav: Path, profile_name: str):
@@ -91,8 +54,7 @@ def _launch(pw, wav: Path, profile_name: str):
 
 @pytest.fixture(scope="module")
 def playwright():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
+    need_file(CHROMIUM, "chromium")
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -188,35 +150,91 @@ def test_browser_barge_in_stops_the_reply(server, browser):
     assert not errors, errors
 
 
-def test_browser_hands_free_barge_in_by_voice(server, playwright, tmp_path):
-    """Hands-free: the user asks for a long story, then speaks again 3 s after their question
-    ended — over the reply (or, on a slow machine, before it starts). The new speech interrupts
-    turn 1: none of its audio plays after that, and the new words are transcribed."""
+def heard_prefix_prompts(smollm2_dir, persona: str, user1: str, spoken: str, written: str, user2: str) -> list[int]:
+    """Prompt lengths (tokens, as the engine counts them) of turn 2 when turn 1's reply is
+    remembered as the first k words of its ``spoken`` chunks, cut off ("..."), for every k; last,
+    the length with everything the model ``written``, not cut."""
+    from engine.loader import load_tokenizer
+    from pipeline.persona_store import PersonaStore
+
+    tokenizer = load_tokenizer(smollm2_dir)
+    system = PersonaStore().get(persona).full_system_prompt()
+
+    def count(assistant: str) -> int:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user1},
+                    {"role": "assistant", "content": assistant}, {"role": "user", "content": user2}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    words = spoken.split()
+    return [count(" ".join(words[:k]) + "...") for k in range(len(words) + 1)] + [count(written)]
+
+
+def test_browser_hands_free_barge_in_by_voice(server, playwright, smollm2_dir, tmp_path):
+    """Hands-free: the user asks for a long story, then speaks again 8 s after their question
+    ended, while the reply is playing. The new speech pauses the reply at once and interrupts
+    turn 1: none of its audio plays after that, the new words are transcribed and answered, and
+    the answer's prompt remembers turn 1 only as far as the browser played it."""
+    espeak, sox = need_command("espeak-ng"), need_command("sox")
     raw1, raw2, wav = tmp_path / "q1.wav", tmp_path / "q2.wav", tmp_path / "both.wav"
-    subprocess.run(["espeak-ng", "-s", "150", "-w", str(raw1), "Tell me a long story about a dragon."], check=True)
-    subprocess.run(["espeak-ng", "-s", "150", "-w", str(raw2), "Stop. What is the capital of Spain?"], check=True)
+    subprocess.run([espeak, "-s", "150", "-w", str(raw1), "Tell me a long story about a dragon."], check=True)
+    subprocess.run([espeak, "-s", "150", "-w", str(raw2), "Stop. What is the capital of Spain?"], check=True)
     padded = tmp_path / "q1-padded.wav"
-    subprocess.run(["sox", str(raw1), str(padded), "pad", "0.5", "3.0"], check=True)
-    subprocess.run(["sox", str(padded), str(raw2), "-r", "48000", "-c", "1", "-b", "16", str(wav), "pad", "0", "40"],
+    subprocess.run([sox, str(raw1), str(padded), "pad", "0.5", "8.0"], check=True)
+    subprocess.run([sox, str(padded), str(raw2), "-r", "48000", "-c", "1", "-b", "16", str(wav), "pad", "0", "40"],
                    check=True)
     context = _launch(playwright, wav, "chromium-profile-barge-in")
     try:
         page = _open_page(context, server, [], [])
         page.click("#vx-hands")
-        page.wait_for_function("window.voxlaneStats.interruptions.some(i => i.gen > 1 && i.reason === 'barge-in')",
-                               timeout=240_000)
-        was_speaking = page.evaluate("window.voxlaneStats.interruptions.find(i => i.gen > 1).hadAudio")
+        # (Every utterance's start is a "barge-in" interruption; the one that matters comes after
+        # reply audio was heard.)
+        first_heard = "Math.min(...Object.keys(window.voxlaneStats.heard).map(Number))"
+        page.wait_for_function("Object.keys(window.voxlaneStats.heard).length && window.voxlaneStats.interruptions"
+                               f".some(i => i.reason === 'barge-in' && i.gen > {first_heard})", timeout=240_000)
         page.wait_for_function("/spain/i.test(window.voxlaneStats.lastTranscript || '')", timeout=240_000)
-        heard_at_stop = page.evaluate("window.voxlaneStats.heard[1] || 0")  # long after the worklet's flush
+        page.wait_for_function(f"window.voxlaneStats.turns.some(t => t.gen > {first_heard} "
+                               "&& (t.waterfall.counts || {}).prompt_tokens)", timeout=240_000)
         page.wait_for_timeout(1000)
-        heard_later = page.evaluate("window.voxlaneStats.heard[1] || 0")
+        stats = page.evaluate("window.voxlaneStats")
         users = page.locator("#vx-chat .vx-user").all_inner_texts()
+        replies = page.locator("#vx-chat .vx-assistant").all_inner_texts()
         page.screenshot(path=str(ARTIFACTS / "browser-voice-barge-in.png"), full_page=True)
-        errors = page.evaluate("window.voxlaneStats.errors")
     finally:
         context.close()
-    print(f"\nturn 1 {'had audio queued' if was_speaking else 'had no audio yet'} when the user spoke again; "
-          f"{heard_at_stop:.0f} samples of it heard then, {heard_later:.0f} later; user turns {users}")
-    assert heard_later == heard_at_stop
+    gen = min(int(g) for g in stats["heard"] if stats["heard"][g] > 0)  # turn 1's reply, heard in part
+    assert any(i["reason"] == "barge-in" and i["gen"] > gen for i in stats["interruptions"]), stats["interruptions"]
+    # Reply audio was playing when the user started speaking again: a pause came while the page
+    # showed "speaking" with part of turn 1 heard ...
+    pauses = [p for p in stats["pauses"] if p["heard"].get(str(gen), 0) > 0]
+    assert pauses, f"no pause while turn {gen} played: {stats['pauses']}"
+    heard_at_pause, heard_final = pauses[-1]["heard"][str(gen)], stats["heard"][str(gen)]
+    rate = next(a["sample_rate"] for a in stats["audio"] if a["gen"] == gen)
+    print(f"\nturn {gen}: {heard_at_pause:.0f} samples heard when paused (state {pauses[0]['state']!r}), "
+          f"{heard_final:.0f} in the end; user turns {users}")
+    assert pauses[0]["state"] == "speaking"
+    # ... and nothing more of it played after the pause, beyond what was already in the audio
+    # device's buffer when the pause message came (a few 128-sample render quanta: < 0.2 s).
+    assert 0 <= heard_final - heard_at_pause < 0.2 * rate
     assert len(users) == 2 and "spain" in users[-1].lower()  # two user turns, no abandoned bubble
-    assert not errors, errors
+    assert not stats["errors"], stats["errors"]
+
+    # The history keeps what was heard: turn 2's prompt holds turn 1's reply up to the played
+    # position (to within the word under the cut), not all the model wrote.
+    from pipeline.playback import PlaybackTracker
+
+    tracker, chunks = PlaybackTracker(), {}
+    for a in (a for a in stats["audio"] if a["gen"] == gen):
+        tracker.on_audio(gen, a["chunk_index"], a["text"], a["start_sample"], a["samples"], a["sample_rate"])
+        chunks.setdefault(a["chunk_index"], a["text"])
+    tracker.report(gen, round(heard_final))
+    heard = tracker.heard_text(gen)  # as the server computes it from the page's "played" reports
+    answer = next(t for t in stats["turns"] if t["gen"] > gen and (t["waterfall"].get("counts") or {}).get("prompt_tokens"))
+    prompt_tokens = answer["waterfall"]["counts"]["prompt_tokens"]
+    spoken = " ".join(chunks[i] for i in sorted(chunks))
+    options = heard_prefix_prompts(smollm2_dir, "nova", users[0], spoken, replies[0], users[1])
+    k = len(heard.split())
+    print(f"heard {heard!r}; turn {answer['gen']}'s prompt: {prompt_tokens} tokens "
+          f"(heard words {k}: {options[k]}; the whole reply: {options[-1]})")
+    assert prompt_tokens in options[max(0, k - 1):k + 2], (prompt_tokens, options)
+    assert prompt_tokens < options[-1]

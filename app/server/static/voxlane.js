@@ -9,7 +9,10 @@
     connected: false, state: "idle", ready: null, errors: [], turns: [],
     playedSamples: 0, nonSilentSamples: 0, peak: 0, firstSoundMs: {}, audioChunks: 0,
     interruptions: [], heard: {}, flushAcks: 0,
+    pauses: [], // each "playback: pause": the state shown and the samples heard of each turn at that moment
+    audio: [], // the last 200 "audio" headers (gen, chunk_index, start_sample, samples, text, sample_rate)
   });
+  const MAX_AUDIO_HEADERS = 200;
 
   function el(tag, attrs, text) {
     const node = document.createElement(tag);
@@ -223,6 +226,8 @@
           break;
         case "audio":
           this.pendingAudio = m;
+          stats.audio.push(m);
+          if (stats.audio.length > MAX_AUDIO_HEADERS) stats.audio.shift();
           break;
         case "interrupted":
           stats.interruptions.push({ gen: m.gen, reason: m.reason, hadAudio: this.buffered > 0 }); // paused or playing
@@ -233,6 +238,7 @@
           for (const gen of Object.keys(this.botBubbles)) if (+gen < m.gen) this.botBubbles[gen].classList.add("vx-interrupted");
           break;
         case "playback":
+          if (m.action === "pause") stats.pauses.push({ gen: m.gen, state: stats.state, heard: Object.assign({}, stats.heard) });
           this.paused = m.action === "pause";
           this.audio.setPaused(this.paused);
           this.render();
