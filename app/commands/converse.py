@@ -18,6 +18,7 @@ import numpy as np
 
 from app.scripted_user import InputAudio, ScriptedRun, ScriptedUser
 from pipeline.config import PipelineConfig
+from pipeline.frames import AudioOut
 from pipeline.models import PipelineModels
 from pipeline.persona import Persona
 from pipeline.persona_store import PersonaStore
@@ -102,18 +103,33 @@ def report(result: ScriptedRun, history=()) -> dict:
     return {"turns": turns, "barge_in_stop_ms": result.barge_in_stop_ms, "barge_in_detect_ms": result.barge_in_detect_ms}
 
 
-def played_audio(result: ScriptedRun, gap_s: float = 0.25) -> tuple[np.ndarray, int]:
-    """Everything the virtual speaker played, turn after turn, at the first turn's rate."""
+def played_audio(result: ScriptedRun, gap_s: float = 0.25) -> tuple[np.ndarray, int, list[dict]]:
+    """Everything the virtual speaker played, turn after turn, at the first turn's rate, and where
+    each speakable chunk is in it: ``{"gen", "index", "text", "start_s", "end_s"}`` (a chunk cut
+    short by an interruption ends where playback stopped)."""
     from pipeline.audio import resample_once
 
     rates = [r for r in result.player.sample_rate.values()]
     rate = rates[0] if rates else 22050
-    pieces = []
+    pieces, chunks, offset_s = [], [], 0.0
     for turn in result.turns:
         audio = result.player.audio(turn.gen)
         if len(audio):
-            pieces += [resample_once(audio, result.player.sample_rate[turn.gen], rate), np.zeros(int(gap_s * rate), np.int16)]
-    return (np.concatenate(pieces) if pieces else np.zeros(0, np.int16)), rate
+            turn_rate = result.player.sample_rate[turn.gen]
+            spans: dict[int, dict] = {}
+            for frame in result.frames:
+                if isinstance(frame, AudioOut) and frame.gen == turn.gen and frame.start_sample < len(audio):
+                    end = min(len(audio), frame.start_sample + len(frame.pcm))
+                    span = spans.setdefault(frame.chunk_index, {"gen": turn.gen, "index": frame.chunk_index,
+                                                                "text": frame.text, "start": frame.start_sample})
+                    span["end"] = end
+            for span in spans.values():
+                start, end = span.pop("start"), span.pop("end")
+                chunks.append({**span, "start_s": round(offset_s + start / turn_rate, 3),
+                               "end_s": round(offset_s + end / turn_rate, 3)})
+            pieces += [resample_once(audio, turn_rate, rate), np.zeros(int(gap_s * rate), np.int16)]
+            offset_s += len(audio) / turn_rate + int(gap_s * rate) / rate
+    return (np.concatenate(pieces) if pieces else np.zeros(0, np.int16)), rate, chunks
 
 
 def print_text(data: dict, history) -> None:
@@ -165,9 +181,10 @@ def main(argv: list[str]) -> int:
     data = report(result, history)
     data["history"] = [{"user": e.user, "assistant": e.reply, "interrupted": e.is_interrupted} for e in history]
     if args.output:
-        audio, rate = played_audio(result)
+        audio, rate, chunks = played_audio(result)
         write_wav(args.output, audio, rate)
-        data["output"] = {"path": str(args.output), "sample_rate": rate, "seconds": round(len(audio) / rate, 2)}
+        data["output"] = {"path": str(args.output), "sample_rate": rate, "seconds": round(len(audio) / rate, 2),
+                          "chunks": chunks}
     if args.json:
         print(json.dumps(data, indent=2, ensure_ascii=False))
     else:

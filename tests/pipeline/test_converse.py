@@ -11,7 +11,7 @@ import pytest
 
 from app.commands import converse
 from app.scripted_user import InputAudio, ScriptedUser
-from bench.wer import wer, words
+from bench.wer import wer, word_errors, words
 from pipeline.audio import resample_once, to_mono_float32
 from pipeline.persona_store import PersonaStore
 from pipeline.pipeline import Pipeline
@@ -39,20 +39,24 @@ def test_two_turn_conversation_through_voxlane_converse(say, transcriber, tmp_pa
             assert stage in ms
         print(f"turn {turn['gen']}: voice-to-voice {turn['voice_to_voice_ms']} ms; waterfall {ms}")
     assert [h["user"] for h in data["history"]] == [t["user"] for t in turns]
-    # The assistant's audio, as played, says what the LLM wrote.
+    # The assistant's audio, as played, says what the LLM wrote, chunk by chunk: every speakable
+    # chunk has its audio in the file, and that audio, transcribed alone, is the chunk's words.
+    # (One WER over the whole answer could not catch a dropped 3-5-word chunk: that costs 0.18-0.29
+    # of ~17 words, as much as one misheard phrase.)
     pcm, rate, _ = read_wav(out)
-    # Checked with Whisper's standard 30 s decoding and a beam (the pipeline's fast short-context
-    # greedy decode is tuned for short questions, not 10 s of answers); Piper samples noise per
-    # synthesis, so the audio differs run to run.
-    segments, _ = transcriber.model.transcribe(resample_once(to_mono_float32(pcm), rate, 16000), language="en",
-                                               beam_size=5, condition_on_previous_text=False)
-    heard = " ".join(s.text for s in segments)
-    spoken = " ".join(" ".join(t["spoken"]) for t in turns)
-    print(f"spoken: {spoken!r}\nheard:  {heard!r}")
-    # ~17 words: one misheard phrase is 2-3 errors. Seen in a fresh-clone run: "The capital of
-    # France is Paris" heard as "The capital of Francis, Eris" (0.18), the rest word for word. A
-    # dropped or repeated chunk costs far more than 0.25.
-    assert wer(spoken, heard) <= 0.25
+    audio = resample_once(to_mono_float32(pcm), rate, 16000)
+    chunks = data["output"]["chunks"]
+    assert [(c["gen"], c["text"]) for c in chunks] == [(t["gen"], text) for t in turns for text in t["spoken"]]
+    for chunk in chunks:
+        piece = audio[int(chunk["start_s"] * 16000):int(chunk["end_s"] * 16000)]
+        heard = transcriber.transcribe(piece).text
+        errors, num_words = word_errors(chunk["text"], heard)
+        print(f"chunk {chunk['gen']}.{chunk['index']} ({chunk['end_s'] - chunk['start_s']:.1f} s): "
+              f"{chunk['text']!r} -> {heard!r} ({errors} errors)")
+        # Piper samples noise per synthesis, so the audio differs run to run: one misheard word in
+        # a short chunk (seen: "France is Paris" heard as "Francis, Eris"); a chunk whose audio is
+        # missing, another chunk's or cut short misses most of its words.
+        assert num_words and errors <= max(2, num_words // 3), (chunk, heard)
 
 
 def test_barge_in_keeps_only_the_heard_part_and_frees_the_engine(say, transcriber, engine_llm, tts_provider,
@@ -76,7 +80,10 @@ def test_barge_in_keeps_only_the_heard_part_and_frees_the_engine(say, transcribe
         pipeline.close()
     first, second = result.turns[0], result.turns[-1]  # "Wait, stop." may resume under a new gen
     print(f"barge-in: playback stopped {result.barge_in_stop_ms} ms of audio after the interrupting speech began")
-    assert result.barge_in_stop_ms and result.barge_in_stop_ms[0] >= 0
+    # Playback stops within 300 ms of audio after the interrupting speech began (the README says
+    # 80 ms: one VAD frame to pause at once; the rest is slack for a loaded machine). Audio time:
+    # input samples pushed between the speech's true onset and the stop.
+    assert result.barge_in_stop_ms and 0 <= result.barge_in_stop_ms[0] <= 300
     # History: the first reply is cut where playback stopped, and marked.
     assert history[0].is_interrupted and history[0].heard is not None
     heard_words, full_words = history[0].reply.split(), history[0].assistant.split()
