@@ -193,9 +193,10 @@ class ScriptedUser:
             opened = self._silence_until(lambda: len(self.order) > num_turns_before, 2.5)
             if not opened:
                 continue  # silence or noise: no turn, as it should be
-            # The turn's gen is looked up each time: a pause + more speech re-opens it under a new gen.
+            # The turn's gen is looked up each time: a pause + more speech re-opens it under a new gen,
+            # and an utterance cut in two by the endpointer opens a second turn: wait for the last.
             def turn() -> TurnRecord:
-                return self.turns[self.order[num_turns_before]]
+                return self.turns[self.order[-1]]
 
             def is_playing() -> bool:
                 return turn().gen in self.player.t_first_played or turn().is_done

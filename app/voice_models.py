@@ -1,5 +1,6 @@
 """Every model a voice session needs, loaded once from the app config and shared by all sessions:
-the LLM backend, Whisper, the TTS voices (one per distinct voice, on demand) and the Silero VAD.
+the LLM backend, Whisper, the TTS voices (one per distinct voice, on demand), the Silero VAD and
+the Smart Turn end-of-turn model.
 Used by ``voxlane serve``, ``voxlane converse`` and ``voxlane bench latency`` alike."""
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ def load_voice_models(config: AppConfig, llm_backend: str | None = None, llm: LL
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from pipeline.asr import WhisperTranscriber
     from pipeline.tts import TTSProvider
+    from pipeline.endpointing.smart_turn import SmartTurnModel
     from pipeline.vad import SileroModel
 
     llm = llm if llm is not None else make_llm_backend(config, llm_backend)
@@ -25,4 +27,5 @@ def load_voice_models(config: AppConfig, llm_backend: str | None = None, llm: LL
     # One ONNX session for every conversation: it is stateless (each session's SileroVAD keeps its
     # own state), and loading it per session would cost ~14 MB each.
     vad = SileroModel(model_store.resolve(config.models.vad, "vad"))
-    return PipelineModels(llm, tts, transcriber, vad)
+    turn = SmartTurnModel(model_store.resolve(config.models.turn, "turn"))  # ~9 MB, shared like the VAD
+    return PipelineModels(llm, tts, transcriber, vad, turn)

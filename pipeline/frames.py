@@ -73,6 +73,20 @@ class SpeechEnded(SystemFrame):
     t_speech_end: float = 0.0  # when the last voiced frame was pushed (monotonic)
 
 
+@dataclass
+class TurnJudged(SystemFrame):
+    """*out* At a pause (persona endpointing mode "semantic"): what the voice and the words say
+    about turn ``gen``. ``is_complete``: the turn ends after ``end_silence_ms`` of silence (counted
+    from the last voiced frame) unless the user goes on; otherwise it waits up to that long.
+    Probabilities are None when that signal is unavailable."""
+
+    p_audio: float | None = None  # Smart Turn's P(complete) from the voice
+    p_text: float | None = None  # the LLM's P(sentence ends here) after the words, punctuation stripped
+    p_complete: float | None = None  # the two fused
+    is_complete: bool = False
+    end_silence_ms: int = 0
+
+
 # --- data frames ---------------------------------------------------------------------------
 
 @dataclass
@@ -95,6 +109,12 @@ class UserAudio(Frame):
 class SpeechPaused(Frame):
     """VAD → ASR: pause_ms of silence inside the turn. ASR transcribes now and the answer starts
     speculatively; it is only played once ``SpeechEnded`` commits the turn."""
+
+
+@dataclass
+class EndpointTick(Frame):
+    """Endpointer → VAD stage: the end-of-turn signals of turn ``gen``'s pause are in; apply the
+    verdict now instead of at the next audio frame."""
 
 
 @dataclass

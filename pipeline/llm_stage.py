@@ -1,5 +1,9 @@
 """LLM stage: a final transcript (or typed text) in, the answer out as text deltas and speakable
-chunks. The persona is read at the start of every turn, so edits apply at the next turn."""
+chunks. The persona is read at the start of every turn, so edits apply at the next turn.
+
+At a pause in "semantic" endpointing, the final transcript is first read as an open sentence
+(``probe_sentence_end``: one prefill into the session's slot, no sampling) for the end-of-turn
+text signal; the answer submitted right after reuses that prefill."""
 from __future__ import annotations
 
 import logging
@@ -11,6 +15,8 @@ from engine.backends.base import Completion, LLMBackend
 from engine.sampling_params import SamplingParams
 from pipeline.chunker import SpeakableChunker
 from pipeline.config import ChunkerConfig, LLMStageConfig
+from pipeline.endpointing.decision import strip_trailing_punctuation
+from pipeline.endpointing.endpointer import Endpointer
 from pipeline.frames import (AssistantDone, ErrorFrame, Frame, Interrupt, SpeakChunk, SystemFrame,
                              TextDelta, TextIn, Transcript)
 from pipeline.history import History
@@ -28,8 +34,9 @@ class LLMStage(Stage):
 
     def __init__(self, backend: LLMBackend, persona: Callable[[], Persona], history: History,
                  config: LLMStageConfig, chunker: ChunkerConfig, book: WaterfallBook,
-                 session: str | None = None, queue_size: int = 2000):
+                 session: str | None = None, queue_size: int = 2000, endpointer: Endpointer | None = None):
         super().__init__(queue_size)
+        self.endpointer = endpointer
         self.backend = backend
         self.persona = persona
         self.history = history
@@ -86,6 +93,7 @@ class LLMStage(Stage):
             self._prefill_partial(frame.gen, frame.text)
         elif isinstance(frame, Transcript) and frame.is_final:
             yield frame
+            self._probe_end_of_turn(frame.gen, frame.text)
             yield from self._answer(frame.gen, frame.text)
         elif isinstance(frame, TextIn):
             self.book.mark(frame.gen, "text_in")
@@ -112,6 +120,19 @@ class LLMStage(Stage):
             prefill(self._prompt(gen, self.persona(), text)[0], self.session)
         except Exception:
             log.warning("prefilling a partial transcript failed", exc_info=True)
+
+    def _probe_end_of_turn(self, gen: int, text: str) -> None:
+        """The text signal for the endpointer, if it waits for one on this turn."""
+        if self.endpointer is None or not self.endpointer.wants_text(gen):
+            return
+        p_text = None
+        try:
+            words = strip_trailing_punctuation(text)
+            if words:
+                p_text = self.backend.probe_sentence_end(self._prompt(gen, self.persona(), words)[0], self.session)
+        except Exception:  # refused or failed: the audio signal (or the long silence) still ends the turn
+            log.warning("end-of-turn text probe failed", exc_info=True)
+        self.endpointer.add_text(gen, p_text)
 
     def _prompt(self, gen: int, persona: Persona, user: str) -> tuple[list[dict], int]:
         """The turn's prompt and its length in tokens. The history is trimmed (oldest exchanges

@@ -10,6 +10,7 @@ from engine.sampling_params import SamplingParams
 from pipeline.schema import SchemaError, build, check
 
 TTS_BACKENDS = ("piper", "coqui", "espeak", "flite")
+ENDPOINTING_MODES = ("semantic", "silence")
 
 
 @dataclass(frozen=True)
@@ -28,14 +29,29 @@ class Voice:
 
 @dataclass(frozen=True)
 class Endpointing:
-    """When the user's turn is over."""
+    """When the user's turn is over.
 
-    silence_ms: int = 500  # trailing silence that ends a turn
+    "semantic": at each pause the voice (Smart Turn) and the words (the LLM's sentence-end
+    probability) are read; a finished sentence ends the turn after ``short_silence_ms``, an
+    unfinished one waits up to ``long_silence_ms``. "silence": ``silence_ms`` of silence, always.
+    Silences count from the VAD's last voiced frame."""
+
+    mode: str = "semantic"
+    silence_ms: int = 500  # "silence": trailing silence that ends a turn
     min_speech_ms: int = 250  # shorter bursts (a cough, a click) are not a turn and do not barge in
+    short_silence_ms: int = 200  # "semantic": silence that ends a turn judged finished
+    long_silence_ms: int = 1600  # "semantic": the most a turn judged unfinished waits before it ends anyway
+    threshold: float = 0.5  # "semantic": P(turn complete) from which the turn is judged finished
 
     def __post_init__(self) -> None:
+        check(self.mode in ENDPOINTING_MODES, "mode", f"must be one of {', '.join(ENDPOINTING_MODES)}, got {self.mode!r}")
         check(100 <= self.silence_ms <= 3000, "silence_ms", f"must be in [100, 3000], got {self.silence_ms}")
         check(50 <= self.min_speech_ms <= 2000, "min_speech_ms", f"must be in [50, 2000], got {self.min_speech_ms}")
+        check(64 <= self.short_silence_ms <= 2000, "short_silence_ms",
+              f"must be in [64, 2000], got {self.short_silence_ms}")
+        check(self.short_silence_ms <= self.long_silence_ms <= 5000, "long_silence_ms",
+              f"must be in [short_silence_ms ({self.short_silence_ms}), 5000], got {self.long_silence_ms}")
+        check(0.0 < self.threshold < 1.0, "threshold", f"must be in (0, 1), got {self.threshold}")
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,11 @@ from pipeline.asr import WhisperTranscriber
 from pipeline.asr_stage import ASRStage
 from pipeline.audio import PIPELINE_RATE, Resampler, to_mono_float32
 from pipeline.config import PipelineConfig
-from pipeline.frames import (AssistantDone, AudioIn, AudioOut, Frame, Interrupt, SpeakChunk, SpeechEnded, SystemFrame,
-                             TextDelta, TextIn, Transcript, TurnDone)
+from pipeline.endpointing.audio_signal import AudioTurnScorer
+from pipeline.endpointing.endpointer import Endpointer
+from pipeline.endpointing.smart_turn import SmartTurnModel
+from pipeline.frames import (AssistantDone, AudioIn, AudioOut, EndpointTick, Frame, Interrupt, SpeakChunk, SpeechEnded,
+                             SystemFrame, TextDelta, TextIn, Transcript, TurnDone)
 from pipeline.history import Exchange, History
 from pipeline.llm_stage import LLMStage
 from pipeline.persona import Persona, Voice
@@ -45,6 +48,9 @@ class Pipeline:
     loaded ``SileroModel`` to share between sessions (saves ~12 MB each), or a path. ``personas`` is a
     PersonaStore (re-read at every turn) or one fixed Persona. Models may be shared between
     sessions; everything else (VAD state, history, queues) belongs to this session.
+    ``turn_model`` (Smart Turn, shared) and an LLM backend with ``probe_sentence_end`` give the
+    end-of-turn signals of personas whose endpointing mode is "semantic"; with neither, every turn
+    ends after the persona's ``silence_ms``.
     """
 
     def __init__(self, *, llm: LLMBackend, tts: Callable[[Voice], TTSBackend],
@@ -52,7 +58,7 @@ class Pipeline:
                  transcriber: WhisperTranscriber | None = None,
                  vad_model: str | Path | SileroModel | None = None,
                  config: PipelineConfig | None = None, session: str | None = None,
-                 on_frame: Callable[[Frame], None] | None = None):
+                 on_frame: Callable[[Frame], None] | None = None, turn_model: SmartTurnModel | None = None):
         self.config = config or PipelineConfig()
         self.session = session
         self._personas = personas
@@ -74,14 +80,19 @@ class Pipeline:
         self.current_persona()  # fail now, not at the first turn, if the persona does not exist
 
         stages: list[Stage] = []
+        self._endpointer = None
+        can_probe = callable(getattr(llm, "probe_sentence_end", None))
+        if vad_model is not None and (turn_model is not None or can_probe):
+            self._endpointer = Endpointer(AudioTurnScorer(turn_model) if turn_model is not None else None, can_probe,
+                                          wake=lambda gen: stages[0].put(EndpointTick(gen=gen)))
         if vad_model is not None:
             stages.append(VADStage(SileroVAD(vad_model), self.config.vad, self._counter,
-                                   lambda: self.current_persona().endpointing, self.book, size))
+                                   lambda: self.current_persona().endpointing, self.book, size, self._endpointer))
         if transcriber is not None:
             stages.append(ASRStage(transcriber, self.config.asr, lambda: self.current_persona().language,
                                    self.book, size))
         self._llm = LLMStage(llm, self.current_persona, self._history, self.config.llm, self.config.chunker,
-                             self.book, session, size)
+                             self.book, session, size, self._endpointer)
         self._tts = TTSStage(tts, self.book, self.config.tts.output_sample_rate, size)
         stages += [self._llm, self._tts]
         for stage, downstream in zip(stages, stages[1:]):
@@ -287,6 +298,8 @@ class Pipeline:
         for stage in self._stages:
             if not stage.stop(self.config.stop_timeout_s):
                 log.warning("stage %s did not stop within %.1f s", stage.name, self.config.stop_timeout_s)
+        if self._endpointer is not None:
+            self._endpointer.close()
         end_session = getattr(self._llm.backend, "end_session", None)  # our engine keeps a KV slot per session
         if end_session is not None and self.session is not None:
             end_session(self.session)

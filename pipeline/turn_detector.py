@@ -1,12 +1,14 @@
 """Turn-taking from VAD probabilities: a small state machine, one 32 ms frame at a time.
 
-idle ──p ≥ pause_threshold──► onset ──min_speech_ms voiced──► speaking ──silence_ms──► idle
+idle ──p ≥ pause_threshold──► onset ──min_speech_ms voiced──► speaking ──end silence──► idle
                    └──onset_gap_ms silent──► idle (a blip: cough, click; never a turn)
 
 ``onset`` is reported at once so playback can pause within one frame; ``start`` only once the
 sound has lasted min_speech_ms, so a cough never interrupts. ``pause`` (pause_ms of silence
 inside a turn) starts the answer speculatively; ``resume`` (speech again after a pause) voids
-it; ``end`` commits the turn.
+it; ``end`` commits the turn. How much silence ends it is the caller's to say at every frame
+(``end_silence_ms``): the persona's fixed ``silence_ms``, or what the end-of-turn signals decided
+(pipeline/endpointing/); ``poll`` applies a decision that arrives between frames.
 """
 from __future__ import annotations
 
@@ -28,8 +30,9 @@ class TurnDetector:
         self._silent_ms = 0
         self._is_pause_sent = False
 
-    def update(self, prob: float, endpointing: Endpointing | None = None) -> list[str]:
-        """``endpointing`` is read at each onset (the persona may have changed since the last turn)."""
+    def update(self, prob: float, endpointing: Endpointing | None = None, end_silence_ms: int | None = None) -> list[str]:
+        """``endpointing`` is read at each onset (the persona may have changed since the last turn);
+        ``end_silence_ms`` (default: its ``silence_ms``) is the silence that ends the turn now."""
         # Hysteresis: entering speech takes `threshold`, staying in it only `neg_threshold`.
         limit = self.config.neg_threshold if self.is_voiced else self.config.threshold
         self.is_voiced = prob >= limit
@@ -59,13 +62,19 @@ class TurnDetector:
                 self._silent_ms, self._is_pause_sent = 0, False
             else:
                 self._silent_ms += FRAME_MS
-                if self._silent_ms >= self.endpointing.silence_ms:
-                    self.state = "idle"
-                    events.append("end")
-                elif self._silent_ms >= self.config.pause_ms and not self._is_pause_sent:
+                if self._silent_ms >= self.config.pause_ms and not self._is_pause_sent:
                     self._is_pause_sent = True
-                    events.append("pause")
+                    events.append("pause")  # always before "end": the answer starts at the pause
+                events += self.poll(end_silence_ms)
         return events
+
+    def poll(self, end_silence_ms: int | None = None) -> list[str]:
+        """["end"] if the silence so far already ends the turn, else []."""
+        required = self.endpointing.silence_ms if end_silence_ms is None else end_silence_ms
+        if self.state == "speaking" and self._silent_ms > 0 and self._silent_ms >= required:
+            self.state = "idle"
+            return ["end"]
+        return []
 
     def _maybe_start(self) -> list[str]:
         if self._voiced_ms >= self.endpointing.min_speech_ms:

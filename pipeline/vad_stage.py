@@ -3,7 +3,9 @@
 It opens turns: on a confirmed start it takes a new turn number and sends ``Interrupt``
 first, which is the barge-in: everything older is dropped downstream at once. At a pause it
 lets the answer start speculatively; ``SpeechEnded`` (a system frame, so it overtakes the
-answer in the queues) commits it, and speech resuming voids it.
+answer in the queues) commits it, and speech resuming voids it. How much silence ends a turn:
+the persona's ``silence_ms``, or in "semantic" mode what the endpointer decided at the pause
+(its signals arrive on other threads; an ``EndpointTick`` applies the verdict at once).
 """
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ from typing import Callable, Iterable
 import numpy as np
 
 from pipeline.config import VADConfig
-from pipeline.frames import (AudioIn, Frame, Interrupt, PlaybackPause, PlaybackResume, SpeechEnded,
-                             SpeechPaused, SpeechStarted, TurnAudioEnd, UserAudio)
+from pipeline.endpointing.decision import Verdict
+from pipeline.endpointing.endpointer import Endpointer
+from pipeline.frames import (AudioIn, EndpointTick, Frame, Interrupt, PlaybackPause, PlaybackResume, SpeechEnded,
+                             SpeechPaused, SpeechStarted, TurnAudioEnd, TurnJudged, UserAudio)
 from pipeline.persona import Endpointing
 from pipeline.stage import Stage
 from pipeline.turn_detector import TurnDetector
@@ -30,8 +34,10 @@ class VADStage(Stage):
     name = "vad"
 
     def __init__(self, vad: SileroVAD, config: VADConfig, counter: TurnCounter,
-                 endpointing: Callable[[], Endpointing], book: WaterfallBook, queue_size: int = 2000):
+                 endpointing: Callable[[], Endpointing], book: WaterfallBook, queue_size: int = 2000,
+                 endpointer: Endpointer | None = None):
         super().__init__(queue_size)
+        self.endpointer = endpointer  # None: every turn ends after the persona's silence_ms
         self.vad = vad
         self.detector = TurnDetector(config)
         self.counter = counter
@@ -45,11 +51,18 @@ class VADStage(Stage):
         self._onset_t = 0.0
         self._turn_gen = 0
         self._last_voiced = (0, 0.0)  # (sample, push time) of the last voiced frame
+        # The turn's last 8 s (Smart Turn reads no more), kept across a resumed pause: [250 x 512] floats.
+        self._turn_audio: deque[np.ndarray] = deque(maxlen=8000 // 32)
+        self._judged: Verdict | None = None  # the verdict already reported with TurnJudged
 
     def is_turn_data(self, frame: Frame) -> bool:
         return not isinstance(frame, AudioIn)
 
     def process(self, frame: Frame) -> Iterable[Frame]:
+        if isinstance(frame, EndpointTick):
+            if frame.gen == self._turn_gen:
+                yield from self._apply_verdict(self.detector.poll(self._end_silence_ms()))
+            return
         if not isinstance(frame, AudioIn):
             yield frame
             return
@@ -64,7 +77,7 @@ class VADStage(Stage):
         state_before = self.detector.state
         # The persona is read only when a new onset may begin (the detector ignores it otherwise).
         may_begin = state_before == "idle" and prob >= self.detector.config.pause_threshold
-        events = self.detector.update(prob, self.endpointing() if may_begin else None)
+        events = self.detector.update(prob, self.endpointing() if may_begin else None, self._end_silence_ms())
         self._num_samples += FRAME_SAMPLES
         if self.detector.is_voiced:
             self._last_voiced = (self._num_samples, t)
@@ -75,12 +88,19 @@ class VADStage(Stage):
             yield PlaybackPause(gen=self.counter.current, at_sample=self._onset_sample)
         if self.detector.state == "onset" or "start" in events:
             self._onset.append(samples)
+        if "start" in events:
+            self._turn_audio.clear()
+            self._turn_audio.extend(self._onset)
+        elif state_before == "speaking":
+            self._turn_audio.append(samples)
         if "blip" in events:
             self._onset = []
             yield PlaybackResume(gen=self.counter.current)
         if "resume" in events:
             # Speech after a pause: the answer started at the pause is void; the utterance goes on
             # under a new gen (ASR keeps its audio, see ASRStage).
+            if self.endpointer is not None:
+                self.endpointer.forget()
             resumed, gen = self._turn_gen, self.counter.next()
             self._turn_gen = gen
             self.book.mark(gen, "speech_start", self._onset_t)
@@ -96,11 +116,37 @@ class VADStage(Stage):
         elif state_before == "speaking" or (self.detector.state == "speaking"):
             yield UserAudio(gen=self._turn_gen, samples=samples, is_speech=self.detector.is_voiced)
         if "pause" in events:
+            self.book.mark(self._turn_gen, "speech_paused", time.monotonic())
+            if self._is_semantic():
+                self.endpointer.on_pause(self._turn_gen, np.concatenate(self._turn_audio), self.detector.endpointing)
             yield SpeechPaused(gen=self._turn_gen)
+        yield from self._apply_verdict(events)
+        self._pre_roll.append(samples)
+
+    def _is_semantic(self) -> bool:
+        return self.endpointer is not None and self.detector.endpointing.mode == "semantic"
+
+    def _end_silence_ms(self) -> int:
+        """The silence that ends the current turn, as known now."""
+        if not self._is_semantic():
+            return self.detector.endpointing.silence_ms
+        return self.endpointer.end_silence_ms(self._turn_gen, self.detector.endpointing)
+
+    def _apply_verdict(self, events: list[str]) -> Iterable[Frame]:
+        """Reports a new verdict (once), then ends the turn if ``events`` say so."""
+        verdict = self.endpointer.verdict(self._turn_gen) if self._is_semantic() else None
+        if verdict is not None and verdict is not self._judged:
+            self._judged = verdict
+            self.book.mark(verdict.gen, "turn_judged", time.monotonic())
+            for name in ("p_audio", "p_text", "p_complete"):
+                value = getattr(verdict, name)
+                self.book.set(verdict.gen, name, None if value is None else round(value, 4))
+            yield TurnJudged(gen=verdict.gen, p_audio=verdict.p_audio, p_text=verdict.p_text,
+                             p_complete=verdict.p_complete, is_complete=verdict.is_complete,
+                             end_silence_ms=verdict.end_silence_ms)
         if "end" in events:
             sample, t_end = self._last_voiced
             self.book.mark(self._turn_gen, "speech_end", t_end)
             self.book.mark(self._turn_gen, "turn_end_detected", time.monotonic())
             yield TurnAudioEnd(gen=self._turn_gen)  # in order behind the audio, for ASR
             yield SpeechEnded(gen=self._turn_gen, at_sample=sample, t_speech_end=t_end)  # at once: commits
-        self._pre_roll.append(samples)

@@ -1,7 +1,9 @@
 """Per-turn timings on one monotonic clock, and counts: the latency waterfall.
 
 Marks, in the order a voice turn meets them: ``speech_start``, ``speech_end`` (the last voiced
-frame arrived), ``turn_end_detected`` (the VAD waited silence_ms), ``asr_final``,
+frame arrived), ``speech_paused`` (pause_ms later: the answer starts), ``turn_judged`` (the
+end-of-turn signals are in, "semantic" mode), ``turn_end_detected`` (the end silence was
+reached: the turn is committed), ``asr_final``,
 ``llm_request``, ``llm_first_token``, ``first_chunk_ready``, ``first_audio_ready`` (synthesized;
 held until the turn is committed), ``first_audio_out`` (sent to the front end),
 ``first_audio_played`` (when the front end reports playback), ``llm_done``, ``audio_done``,
@@ -14,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-ORDER = ("speech_start", "speech_end", "turn_end_detected", "text_in", "asr_final", "llm_request",
+ORDER = ("speech_start", "speech_end", "speech_paused", "turn_judged", "turn_end_detected", "text_in", "asr_final", "llm_request",
          "llm_first_token", "first_chunk_ready", "first_audio_ready", "first_audio_out", "first_audio_played", "llm_done",
          "audio_done", "interrupted")
 

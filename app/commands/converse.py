@@ -38,6 +38,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, help="override the persona's temperature (0 = greedy)")
     parser.add_argument("--max-tokens", type=int, help="override the persona's max_tokens")
     parser.add_argument("--seed", type=int, help="sampling seed")
+    parser.add_argument("--endpointing", choices=("semantic", "silence"),
+                        help="override the persona's end-of-turn mode (semantic: the voice and the words decide; "
+                             "silence: its fixed silence_ms)")
     parser.add_argument("--no-partials", action="store_true", help="no partial transcripts while speaking")
     parser.add_argument("--pause-ms", type=int,
                         help="silence after which the answer starts speculatively, committed at the persona's "
@@ -68,23 +71,26 @@ def load_models(config) -> PipelineModels:
 
 
 def pick_persona(args: argparse.Namespace, config) -> Persona | PersonaStore:
-    """The store (hot reload) unless the command line overrides sampling, then a fixed copy."""
+    """The store (hot reload) unless the command line overrides sampling or endpointing, then a fixed copy."""
     from pipeline.persona_store import SHIPPED_DIR
 
     store = PersonaStore([SHIPPED_DIR, config.personas.user_dir] + list(args.persona_dir or []))
-    if args.temperature is None and args.max_tokens is None and args.seed is None:
+    mode = getattr(args, "endpointing", None)
+    if args.temperature is None and args.max_tokens is None and args.seed is None and mode is None:
         return store
     persona = store.get(config.personas.default)
     changes = {k: v for k, v in (("temperature", args.temperature), ("max_tokens", args.max_tokens),
                                  ("seed", args.seed)) if v is not None}
-    return dataclasses.replace(persona, sampling=dataclasses.replace(persona.sampling, **changes))
+    endpointing = dataclasses.replace(persona.endpointing, mode=mode or persona.endpointing.mode)
+    return dataclasses.replace(persona, sampling=dataclasses.replace(persona.sampling, **changes),
+                               endpointing=endpointing)
 
 
 def make_pipeline(models: PipelineModels, personas, persona: str, config: PipelineConfig,
                   session: str = "converse") -> Pipeline:
     return Pipeline(llm=models.llm, tts=models.tts, personas=personas, persona=persona,
                     transcriber=models.transcriber, vad_model=models.vad_model, config=config,
-                    session=session)
+                    session=session, turn_model=models.turn_model)
 
 
 def read_input(path: Path) -> InputAudio:

@@ -33,6 +33,10 @@ def to_messages(frame: f.Frame) -> list[Outgoing]:
         return [{"type": "vad", "gen": gen, "event": "speech_started"}]
     if isinstance(frame, f.SpeechEnded):
         return [{"type": "vad", "gen": gen, "event": "speech_ended"}]
+    if isinstance(frame, f.TurnJudged):
+        return [{"type": "end_of_turn", "gen": gen, "complete": frame.is_complete,
+                 "end_silence_ms": frame.end_silence_ms, "p_complete": _rounded(frame.p_complete),
+                 "p_audio": _rounded(frame.p_audio), "p_text": _rounded(frame.p_text)}]
     if isinstance(frame, f.Interrupt):
         return [{"type": "interrupted", "gen": gen, "reason": frame.reason}]
     if isinstance(frame, f.PlaybackPause):
@@ -50,6 +54,10 @@ def to_messages(frame: f.Frame) -> list[Outgoing]:
         return [{"type": "error", "code": "pipeline_error", "gen": gen, "stage": frame.stage,
                  "message": frame.message, "fatal": False}]
     return []
+
+
+def _rounded(p: float | None) -> float | None:
+    return None if p is None else round(float(p), 4)
 
 
 def _jsonable(value):

@@ -32,6 +32,7 @@ class PipelineConversations:
         self.llm = models.llm
         self.transcriber = models.transcriber
         self.vad_model = models.vad_model  # a loaded SileroModel, shared
+        self.turn_model = models.turn_model  # Smart Turn, shared
         self.tts = models.tts
         self._ids = itertools.count(1)
         self._open: set[Pipeline] = set()
@@ -61,6 +62,14 @@ class PipelineConversations:
             log.warning("LLM warm-up failed (%s); the first turn will try again", error)
         noise = (np.random.default_rng(0).standard_normal(16000) * 0.01).astype(np.float32)
         self.transcriber.transcribe(noise)
+        if self.turn_model is not None:
+            self.turn_model(noise)
+        probe = getattr(self.llm, "probe_sentence_end", None)
+        if probe is not None:
+            try:
+                probe([{"role": "user", "content": "Hi"}])
+            except Exception as error:
+                log.warning("end-of-turn probe warm-up failed (%s)", error)
         vad = SileroVAD(self.vad_model)
         for i in range(0, len(noise) - 512, 512):
             vad(noise[i:i + 512])
@@ -83,7 +92,8 @@ class PipelineConversations:
             raise KeyError(str(error)) from error
         pipeline = _ClosingPipeline(self, llm=self.llm, tts=self.tts, personas=self.personas, persona=persona,
                                     transcriber=self.transcriber, vad_model=self.vad_model,
-                                    config=self.pipeline_config, session=f"ws-{next(self._ids)}")
+                                    config=self.pipeline_config, session=f"ws-{next(self._ids)}",
+                                    turn_model=self.turn_model)
         with self._lock:
             self._open.add(pipeline)
         return pipeline

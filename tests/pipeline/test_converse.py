@@ -7,6 +7,7 @@ import dataclasses
 import json
 import time
 
+import numpy as np
 import pytest
 
 from app.commands import converse
@@ -15,7 +16,7 @@ from bench.wer import wer, word_errors, words
 from pipeline.audio import resample_once, to_mono_float32
 from pipeline.persona_store import PersonaStore
 from pipeline.pipeline import Pipeline
-from pipeline.wavfile import read_wav
+from pipeline.wavfile import read_wav, write_wav
 
 pytestmark = pytest.mark.slow
 
@@ -106,3 +107,27 @@ def test_barge_in_keeps_only_the_heard_part_and_frees_the_engine(say, transcribe
             break
         time.sleep(0.05)
     assert engine_llm.engine.num_open_requests == 0
+
+
+def test_a_thinking_pause_mid_sentence_stays_one_turn_with_one_answer(say, tmp_path, capsys):
+    """"What is the capital of ... Spain?" with 0.9 s of silence after "of": semantic endpointing
+    (the shipped personas' mode) waits through the pause; the fixed 500 ms silence cuts it in two."""
+    first, _ = say("What is the capital of")
+    rest, _ = say("Spain?")
+    audio = np.concatenate([first, np.zeros(int(0.9 * 16000), np.float32), rest])
+    path = tmp_path / "paused.wav"
+    write_wav(path, audio, 16000)
+    code = converse.main([str(path), "--json", "--temperature", "0", "--max-tokens", "24"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0
+    [turn] = data["turns"]
+    assert "capital" in turn["user"].lower() and "spain" in turn["user"].lower()
+    assert turn["assistant"] and len(data["history"]) == 1
+    counts = turn["waterfall"]["counts"]
+    assert counts["p_complete"] >= 0.5  # judged finished after "Spain", not after "of"
+    # The same file with the old rule: the fragment is answered as a question of its own.
+    code = converse.main([str(path), "--json", "--temperature", "0", "--max-tokens", "8", "--endpointing", "silence"])
+    cut = json.loads(capsys.readouterr().out)
+    print(f"semantic: {turn['user']!r} -> {turn['assistant']!r} ({counts}); silence: "
+          f"{[t['user'] for t in cut['turns']]}")
+    assert len(cut["turns"]) == 2 and "p_complete" not in cut["turns"][0]["waterfall"]["counts"]

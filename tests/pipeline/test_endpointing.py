@@ -1,0 +1,169 @@
+"""The end-of-turn decision on scripted signals, in audio time: the VAD stage driven frame by
+frame with scripted speech probabilities, the signals delivered at chosen frames (no models, no
+threads, no wall clock)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.config import VADConfig
+from pipeline.endpointing.decision import fuse, strip_trailing_punctuation
+from pipeline.endpointing.endpointer import Endpointer
+from pipeline.frames import AudioIn, Interrupt, SpeechEnded, SpeechStarted, TurnJudged
+from pipeline.turns import TurnCounter
+from pipeline.persona import Endpointing
+from pipeline.schema import SchemaError, build
+from pipeline.turn_detector import FRAME_MS
+from pipeline.vad import FRAME_SAMPLES
+from pipeline.vad_stage import VADStage
+from pipeline.waterfall import WaterfallBook
+
+SEMANTIC = Endpointing(mode="semantic", short_silence_ms=192, long_silence_ms=1600, threshold=0.5, min_speech_ms=256)
+PAUSE_MS = 96
+
+
+class ScriptedVAD:
+    """Stands in for Silero: the next speech probability of a script, per 32 ms frame."""
+
+    def __init__(self):
+        self.probs: list[float] = []
+
+    def __call__(self, frame: np.ndarray) -> float:
+        return self.probs.pop(0)
+
+
+class Harness:
+    """A VAD stage with an endpointer whose text signal the test delivers by hand (no audio model)."""
+
+    def __init__(self, endpointing: Endpointing):
+        self.vad = ScriptedVAD()
+        self.ticks: list[int] = []
+        self.endpointer = Endpointer(None, can_probe_text=True, wake=self.ticks.append)
+        self.stage = VADStage(self.vad, VADConfig(pause_ms=PAUSE_MS), TurnCounter(), lambda: endpointing,
+                              WaterfallBook(), endpointer=self.endpointer)
+        self.frames: list[tuple[int, object]] = []  # (frame index, output frame)
+        self.index = 0
+
+    def feed(self, prob: float, count: int = 1) -> None:
+        for _ in range(count):
+            self.vad.probs.append(prob)
+            for out in self.stage.process(AudioIn(gen=0, samples=np.zeros(FRAME_SAMPLES, np.float32))):
+                self.frames.append((self.index, out))
+            self.index += 1
+
+    def text_signal(self, p_text: float) -> None:
+        """The LLM stage's probe result arrives; the wake-up tick is processed like the stage would."""
+        gen = self.stage._turn_gen
+        assert self.endpointer.wants_text(gen)
+        self.endpointer.add_text(gen, p_text)
+        for gen in self.ticks:
+            for out in self.stage.process(_tick(gen)):
+                self.frames.append((self.index, out))
+        self.ticks.clear()
+
+    def of(self, kind) -> list[tuple[int, object]]:
+        return [(i, f) for i, f in self.frames if isinstance(f, kind)]
+
+
+def _tick(gen: int):
+    from pipeline.frames import EndpointTick
+
+    return EndpointTick(gen=gen)
+
+
+def frames(ms: int) -> int:
+    return ms // FRAME_MS
+
+
+def speak_then_pause(h: Harness, speech_ms: int = 1000) -> int:
+    """Speech, then silence up to the pause; returns the index of the last voiced frame."""
+    h.feed(0.0, 3)
+    h.feed(0.9, frames(speech_ms))
+    last_voiced = h.index - 1
+    h.feed(0.0, frames(PAUSE_MS))
+    return last_voiced
+
+
+def test_fusion_lets_the_words_overrule_a_fooled_voice_and_the_voice_rescue_a_missed_request():
+    assert fuse(p_audio=0.92, p_text=1e-4) < 0.5  # "What is the capital of": the voice says done, the words not
+    assert fuse(p_audio=0.15, p_text=0.45) > 0.5  # a long request the voice missed
+    assert fuse(p_audio=0.95, p_text=0.02) > 0.5  # "Tell me a joke": a low but real sentence end
+    assert fuse(p_audio=0.03, p_text=None) == pytest.approx(0.03)  # the voice alone
+    assert fuse(None, 1e-5) < 0.5 < fuse(None, 0.05)  # the words alone
+    assert fuse(None, None) is None
+
+
+def test_the_text_signal_reads_the_words_without_whispers_final_punctuation():
+    assert strip_trailing_punctuation("What is the capital of?") == "What is the capital of"
+    assert strip_trailing_punctuation("Remind me to...  ") == "Remind me to"
+    assert strip_trailing_punctuation("Is 3.5 more than 3?") == "Is 3.5 more than 3"
+
+
+def test_a_finished_sentence_ends_the_turn_after_the_short_silence():
+    h = Harness(SEMANTIC)
+    last_voiced = speak_then_pause(h)
+    h.text_signal(0.4)
+    [(_, judged)] = [(i, f) for i, f in h.of(TurnJudged)]
+    assert judged.is_complete and judged.end_silence_ms == 192 and judged.p_text == 0.4
+    assert not h.of(SpeechEnded)  # 96 ms of silence so far: not yet
+    h.feed(0.0, frames(400))
+    [(end, _)] = h.of(SpeechEnded)
+    assert end - last_voiced == frames(192)
+
+
+def test_a_verdict_that_arrives_after_the_short_silence_ends_the_turn_at_once():
+    h = Harness(SEMANTIC)
+    last_voiced = speak_then_pause(h)
+    h.feed(0.0, frames(320))  # the signals are slow (a busy machine): 416 ms of silence already
+    assert not h.of(SpeechEnded)
+    h.text_signal(0.4)
+    [(end, _)] = h.of(SpeechEnded)
+    assert end == h.index  # applied by the tick, before the next audio frame
+    assert end - last_voiced > frames(192)
+
+
+def test_an_unfinished_sentence_waits_through_a_long_pause_and_stays_one_turn():
+    h = Harness(SEMANTIC)
+    speak_then_pause(h)
+    h.text_signal(1e-5)
+    [(_, judged)] = h.of(TurnJudged)
+    assert not judged.is_complete and judged.end_silence_ms == 1600
+    h.feed(0.0, frames(1000))  # a thinking pause of ~1.1 s in all
+    assert not h.of(SpeechEnded)
+    h.feed(0.9, frames(800))  # "... Spain?"
+    resumed = [f for _, f in h.of(Interrupt) if f.reason == "resume"]
+    continued = [f for _, f in h.of(SpeechStarted) if f.is_continuation]
+    assert len(resumed) == len(continued) == 1
+    last_voiced = h.index - 1
+    h.feed(0.0, frames(PAUSE_MS))
+    h.text_signal(0.6)  # the whole question now reads finished
+    h.feed(0.0, frames(400))
+    [(end, ended)] = h.of(SpeechEnded)
+    assert ended.gen == continued[0].gen and end - last_voiced == frames(192)
+
+
+def test_an_unfinished_sentence_ends_anyway_after_the_long_silence():
+    h = Harness(SEMANTIC)
+    last_voiced = speak_then_pause(h)
+    h.text_signal(1e-5)
+    h.feed(0.0, frames(2000))
+    [(end, _)] = h.of(SpeechEnded)
+    assert end - last_voiced == frames(1600)
+
+
+def test_silence_mode_ends_after_silence_ms_whatever_the_signals_say():
+    h = Harness(Endpointing(mode="silence", silence_ms=480, min_speech_ms=256))
+    last_voiced = speak_then_pause(h)
+    assert not h.endpointer.wants_text(h.stage._turn_gen)  # nothing is read at the pause
+    h.feed(0.0, frames(1000))
+    [(end, _)] = h.of(SpeechEnded)
+    assert end - last_voiced == frames(480) and not h.of(TurnJudged)
+
+
+def test_endpointing_settings_are_validated():
+    with pytest.raises(SchemaError, match="mode"):
+        build(Endpointing, {"mode": "psychic"}, "p.toml")
+    with pytest.raises(SchemaError, match="long_silence_ms"):
+        build(Endpointing, {"short_silence_ms": 800, "long_silence_ms": 400}, "p.toml")
+    with pytest.raises(SchemaError, match="threshold"):
+        build(Endpointing, {"threshold": 1.5}, "p.toml")
