@@ -99,7 +99,8 @@ class ASRStage(Stage):
         if result.text:
             self._is_final_sent = True
             self.book.mark(gen, "asr_final", time.monotonic())
-            yield Transcript(gen=gen, text=result.text, is_final=True)
+            confidence = min((seg.avg_logprob for seg in result.segments), default=None)
+            yield Transcript(gen=gen, text=result.text, is_final=True, avg_logprob=confidence)
         elif is_end:  # VAD heard something, Whisper found no words in it: no turn
             self._is_final_sent = True
             self.book.set(gen, "dropped", "no words recognized")

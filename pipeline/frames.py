@@ -135,6 +135,7 @@ class Transcript(Frame):
 
     text: str = ""
     is_final: bool = False
+    avg_logprob: float | None = None  # Whisper's confidence in its least sure segment (ASR finals)
 
 
 @dataclass

@@ -93,7 +93,7 @@ class LLMStage(Stage):
             self._prefill_partial(frame.gen, frame.text)
         elif isinstance(frame, Transcript) and frame.is_final:
             yield frame
-            self._probe_end_of_turn(frame.gen, frame.text)
+            self._probe_end_of_turn(frame.gen, frame.text, frame.avg_logprob)
             yield from self._answer(frame.gen, frame.text)
         elif isinstance(frame, TextIn):
             self.book.mark(frame.gen, "text_in")
@@ -121,7 +121,7 @@ class LLMStage(Stage):
         except Exception:
             log.warning("prefilling a partial transcript failed", exc_info=True)
 
-    def _probe_end_of_turn(self, gen: int, text: str) -> None:
+    def _probe_end_of_turn(self, gen: int, text: str, words_logprob: float | None) -> None:
         """The text signal for the endpointer, if it waits for one on this turn."""
         if self.endpointer is None or not self.endpointer.wants_text(gen):
             return
@@ -132,7 +132,7 @@ class LLMStage(Stage):
                 p_text = self.backend.probe_sentence_end(self._prompt(gen, self.persona(), words)[0], self.session)
         except Exception:  # refused or failed: the audio signal (or the long silence) still ends the turn
             log.warning("end-of-turn text probe failed", exc_info=True)
-        self.endpointer.add_text(gen, p_text)
+        self.endpointer.add_text(gen, p_text, words_logprob)
 
     def _prompt(self, gen: int, persona: Persona, user: str) -> tuple[list[dict], int]:
         """The turn's prompt and its length in tokens. The history is trimmed (oldest exchanges

@@ -1,6 +1,6 @@
 """The end-of-turn decision: the signals read at a pause, fused into P(turn complete), and how much
-silence then ends the turn. Pure logic with an injected clock-free interface (the VAD stage feeds
-it audio time), so tests script it frame by frame.
+silence then ends the turn. Pure logic, no clock (silences are audio time the VAD stage counts
+frame by frame), so tests script it.
 
 Signals, both read once per pause:
 - ``audio``: Smart Turn's P(complete) from the voice. Fooled by fragments said with a falling
@@ -9,9 +9,21 @@ Signals, both read once per pause:
   with its trailing punctuation stripped (Whisper punctuates fragments, so the raw end-of-turn
   probability is fooled). Fragments score ~1e-4 and below, finished requests 0.01-0.9.
 
-They are combined in log-odds: the text's odds relative to a pivot between those two ranges,
-plus the audio's own log-odds times a weight. Either alone works when the other is missing (a
-backend without probes, a pause with no words).
+They are combined in log-odds: the text's odds relative to a pivot, plus the audio's own
+log-odds times a weight. Either alone works when the other is missing (a backend without
+probes, a pause with no words).
+
+Calibrated on ``voxlane bench turns``'s set (24 fragments cut from requests at a thinking pause,
+24 requests; Piper, espeak-ng and flite voices; SmolLM2-135M): correctly heard fragments scored
+text <= 0.007, requests 0.13-0.95 ("Tell me a joke", not in the set, 0.010-0.026). The four
+fragments above 0.02 were misheard by Whisper into other sentences ("What is the weather like in
+the rain?"). The voice alone called 19 of the 24 fragments complete (synthetic voices end a cut
+phrase as a sentence), so it gets a small weight: it tips a borderline text, never a clear one.
+Misheard words are the text signal's weak spot; Whisper knows when it is unsure: its average
+log-probability was -0.51 to -0.99 on the four misheard fragments, -0.04 to -0.58 on every
+request. Below ``UNSURE_WORDS_LOGPROB`` the words cannot say "finished": the text counts as
+doubtful (``DOUBTFUL_TEXT``), and the turn waits unless the voice is very sure. (Chosen on that
+same set: three of the four misheard fragments fall below it; a held-out set should confirm it.)
 """
 from __future__ import annotations
 
@@ -20,8 +32,10 @@ from dataclasses import dataclass
 
 from pipeline.persona import Endpointing
 
-TEXT_PIVOT = 0.003  # sentence-end probability that counts as even odds (fragments <= 1e-4, requests >= 0.01)
-AUDIO_WEIGHT = 0.7  # the voice's log-odds count this much next to the words'
+TEXT_PIVOT = 0.02  # sentence-end probability that counts as even odds (calibration above)
+AUDIO_WEIGHT = 0.3  # the voice's log-odds count this much next to the words'
+UNSURE_WORDS_LOGPROB = -0.6  # Whisper's avg log-probability below which the words are not trusted
+DOUBTFUL_TEXT = 0.002  # what unsure words count as at most (10x below the pivot)
 
 
 def _logit(p: float) -> float:
@@ -29,10 +43,13 @@ def _logit(p: float) -> float:
     return math.log(p / (1 - p))
 
 
-def fuse(p_audio: float | None, p_text: float | None) -> float | None:
-    """P(turn complete) from whichever signals are present; None when there is none."""
+def fuse(p_audio: float | None, p_text: float | None, words_logprob: float | None = None) -> float | None:
+    """P(turn complete) from whichever signals are present; None when there is none.
+    ``words_logprob``: Whisper's confidence in the words the text signal read."""
     if p_audio is None and p_text is None:
         return None
+    if p_text is not None and words_logprob is not None and words_logprob < UNSURE_WORDS_LOGPROB:
+        p_text = min(p_text, DOUBTFUL_TEXT)
     z = 0.0
     if p_text is not None:
         z += _logit(p_text) - _logit(TEXT_PIVOT)
@@ -63,6 +80,7 @@ class PauseSignals:
         self.gen = gen
         self.expected = {kind for kind, on in (("audio", expects_audio), ("text", expects_text)) if on}
         self.values: dict[str, float | None] = {}
+        self.words_logprob: float | None = None  # Whisper's confidence in the words of the text signal
 
     def add(self, kind: str, value: float | None) -> None:
         self.values[kind] = value
@@ -80,7 +98,7 @@ class PauseSignals:
         if not self.is_ready:
             return None
         p_audio, p_text = self.values.get("audio"), self.values.get("text")
-        p = fuse(p_audio, p_text)
+        p = fuse(p_audio, p_text, self.words_logprob)
         # No signal at all (no model, no words): nothing says it is finished, so wait the long silence.
         is_complete = p is not None and p >= endpointing.threshold
         wait = endpointing.short_silence_ms if is_complete else endpointing.long_silence_ms

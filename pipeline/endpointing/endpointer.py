@@ -46,7 +46,11 @@ class Endpointer:
             return self._signals is not None and self._signals.gen == gen and "text" in self._signals.expected \
                 and "text" not in self._signals.values
 
-    def add_text(self, gen: int, p_text: float | None) -> None:
+    def add_text(self, gen: int, p_text: float | None, words_logprob: float | None = None) -> None:
+        """The text signal, with Whisper's confidence in the words it read (avg log-probability)."""
+        with self._lock:
+            if self._signals is not None and self._signals.gen == gen:
+                self._signals.words_logprob = words_logprob
         self._add(gen, "text", p_text)
 
     def _add(self, gen: int, kind: str, value: float | None) -> None:

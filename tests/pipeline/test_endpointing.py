@@ -51,11 +51,11 @@ class Harness:
                 self.frames.append((self.index, out))
             self.index += 1
 
-    def text_signal(self, p_text: float) -> None:
+    def text_signal(self, p_text: float, words_logprob: float = -0.1) -> None:
         """The LLM stage's probe result arrives; the wake-up tick is processed like the stage would."""
         gen = self.stage._turn_gen
         assert self.endpointer.wants_text(gen)
-        self.endpointer.add_text(gen, p_text)
+        self.endpointer.add_text(gen, p_text, words_logprob)
         for gen in self.ticks:
             for out in self.stage.process(_tick(gen)):
                 self.frames.append((self.index, out))
@@ -91,6 +91,12 @@ def test_fusion_lets_the_words_overrule_a_fooled_voice_and_the_voice_rescue_a_mi
     assert fuse(p_audio=0.03, p_text=None) == pytest.approx(0.03)  # the voice alone
     assert fuse(None, 1e-5) < 0.5 < fuse(None, 0.05)  # the words alone
     assert fuse(None, None) is None
+
+
+def test_words_whisper_was_unsure_of_cannot_say_the_sentence_is_finished():
+    # "What is the weather like in the rain?" (a misheard "What is the weather like in ..."): avg log-prob -0.75
+    assert fuse(p_audio=0.8, p_text=0.5, words_logprob=-0.75) < 0.5
+    assert fuse(p_audio=0.8, p_text=0.5, words_logprob=-0.2) > 0.5
 
 
 def test_the_text_signal_reads_the_words_without_whispers_final_punctuation():
