@@ -4,7 +4,11 @@ Partials re-transcribe the growing buffer every ``partial_interval_ms`` of audio
 the stage has fallen behind. The final is taken at the first pause (pause_ms of silence), not
 at the end of the turn: the answer can start while the VAD still waits for silence_ms, and the
 pipeline only plays it once the turn is committed. If the user resumes, the VAD re-opens the
-utterance under a new gen and this stage carries the audio over to it.
+utterance under a new gen and this stage carries the audio over to it. Silence inside an utterance
+is kept up to ``MAX_GAP_MS`` only: after a long thinking pause ("What is the capital of ... Spain?")
+Whisper often ends its text at the pause and never reads the rest ("How many legs does?"), so
+after a longer pause the words before it are kept as heard at that pause and only the audio after
+it is transcribed (forcing them as Whisper's prefix was tried: it then repeats them).
 """
 from __future__ import annotations
 
@@ -22,6 +26,15 @@ from pipeline.waterfall import WaterfallBook
 
 log = logging.getLogger(__name__)
 RATE = 16000
+MAX_GAP_MS = 320  # the longest silence Whisper is given inside an utterance (the rest is not buffered)
+
+
+def join_words(head: str, tail: str) -> str:
+    """Text heard before a pause + text heard after it, as one sentence: "What is the capital of?"
+    + "Spain?" -> "What is the capital of Spain?" (the head's final punctuation was Whisper's guess)."""
+    if not head:
+        return tail
+    return f"{head.rstrip().rstrip('.?!,;:…')} {tail.strip()}"
 
 
 class ASRStage(Stage):
@@ -39,9 +52,12 @@ class ASRStage(Stage):
         self._gen = -1
         self._carry = (-1, -1)  # (old gen, new gen) of an utterance resumed after a pause
         self._chunks: list[np.ndarray] = []
-        self._num_samples = 0
+        self._num_samples = 0  # the utterance's audio, as heard (silences included)
+        self._silent_run = 0  # samples of silence since the last voiced frame
         self._last_partial_at = 0
         self._is_final_sent = False
+        self._head = ""  # the utterance's words as heard at its last pause (the text of that final)
+        self._head_text = ""  # words before a long pause, kept as heard; the buffer holds what follows
 
     def before_purge(self, interrupt: Interrupt, queued) -> None:
         if interrupt.reason == "resume":
@@ -52,7 +68,8 @@ class ASRStage(Stage):
                     frame.gen = interrupt.gen
 
     def _reset(self, gen: int) -> None:
-        self._gen, self._chunks, self._num_samples = gen, [], 0
+        self._gen, self._chunks, self._num_samples, self._silent_run = gen, [], 0, 0
+        self._head, self._head_text = "", ""
         self._last_partial_at, self._is_final_sent = 0, False
 
     def _buffer(self) -> np.ndarray:
@@ -67,9 +84,16 @@ class ASRStage(Stage):
                 if frame.gen == continued and self._gen == resumed:
                     # the same utterance, resumed after a pause: keep its audio
                     self._gen, self._is_final_sent = frame.gen, False
+                    if self._silent_run > MAX_GAP_MS * RATE // 1000 and self._head:
+                        # After a thinking pause Whisper tends to end its text at the pause and never
+                        # read the rest ("How many legs does?"): the words before the pause stay as
+                        # heard, and only what follows is transcribed (with a gap's worth of silence).
+                        self._head_text, self._chunks = self._head, [np.zeros(MAX_GAP_MS * RATE // 1000, np.float32)]
                 else:
                     self._reset(frame.gen)
-            self._chunks.append(frame.samples)
+            self._silent_run = 0 if frame.is_speech else self._silent_run + len(frame.samples)
+            if self._silent_run <= MAX_GAP_MS * RATE // 1000:
+                self._chunks.append(frame.samples)
             self._num_samples += len(frame.samples)
             yield from self._maybe_partial(frame)
         elif isinstance(frame, SpeechPaused):
@@ -90,14 +114,18 @@ class ASRStage(Stage):
         self._last_partial_at = self._num_samples
         result = self.transcriber.transcribe(self._buffer(), self.language(), is_partial=True)
         if result.text and not self.is_stale(frame.gen):
-            yield Transcript(gen=frame.gen, text=result.text, is_final=False)
+            yield Transcript(gen=frame.gen, text=join_words(self._head_text, result.text), is_final=False)
 
     def _final(self, gen: int, is_end: bool) -> Iterable[Frame]:
         result = self.transcriber.transcribe(self._buffer(), self.language())
+        if self._head_text and result.text:
+            result.text = join_words(self._head_text, result.text)
+        log.debug("final of turn %d (%s, %.2f s of audio): %r", gen, "end" if is_end else "pause",
+                  self._num_samples / RATE, result.text)
         if result.dropped:
             log.info("ASR dropped: %s", "; ".join(result.dropped))
         if result.text:
-            self._is_final_sent = True
+            self._is_final_sent, self._head = True, result.text
             self.book.mark(gen, "asr_final", time.monotonic())
             confidence = min((seg.avg_logprob for seg in result.segments), default=None)
             yield Transcript(gen=gen, text=result.text, is_final=True, avg_logprob=confidence)

@@ -9,6 +9,7 @@ the persona's ``silence_ms``, or in "semantic" mode what the endpointer decided 
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from typing import Callable, Iterable
@@ -26,6 +27,8 @@ from pipeline.turn_detector import TurnDetector
 from pipeline.turns import TurnCounter
 from pipeline.vad import FRAME_SAMPLES, SileroVAD
 from pipeline.waterfall import WaterfallBook
+
+log = logging.getLogger(__name__)
 
 
 class VADStage(Stage):
@@ -137,6 +140,9 @@ class VADStage(Stage):
         verdict = self.endpointer.verdict(self._turn_gen) if self._is_semantic() else None
         if verdict is not None and verdict is not self._judged:
             self._judged = verdict
+            log.info("turn %d judged %s (voice %s, words %s, fused %s): ends after %d ms of silence", verdict.gen,
+                     "complete" if verdict.is_complete else "unfinished", verdict.p_audio, verdict.p_text,
+                     verdict.p_complete, verdict.end_silence_ms)
             self.book.mark(verdict.gen, "turn_judged", time.monotonic())
             for name in ("p_audio", "p_text", "p_complete"):
                 value = getattr(verdict, name)

@@ -112,8 +112,8 @@ def test_barge_in_keeps_only_the_heard_part_and_frees_the_engine(say, transcribe
 def test_a_thinking_pause_mid_sentence_stays_one_turn_with_one_answer(say, tmp_path, capsys):
     """"What is the capital of ... Spain?" with 0.9 s of silence after "of": semantic endpointing
     (the shipped personas' mode) waits through the pause; the fixed 500 ms silence cuts it in two."""
-    first, _ = say("What is the capital of")
-    rest, _ = say("Spain?")
+    first, _ = say("What is the capital of", "flite")  # flite is deterministic (Piper adds noise per run)
+    rest, _ = say("Spain?", "flite")
     audio = np.concatenate([first, np.zeros(int(0.9 * 16000), np.float32), rest])
     path = tmp_path / "paused.wav"
     write_wav(path, audio, 16000)
@@ -121,7 +121,7 @@ def test_a_thinking_pause_mid_sentence_stays_one_turn_with_one_answer(say, tmp_p
     data = json.loads(capsys.readouterr().out)
     assert code == 0
     [turn] = data["turns"]
-    assert "capital" in turn["user"].lower() and "spain" in turn["user"].lower()
+    assert wer("What is the capital of Spain?", turn["user"]) <= 0.2, turn["user"]  # both parts, one transcript
     assert turn["assistant"] and len(data["history"]) == 1
     counts = turn["waterfall"]["counts"]
     assert counts["p_complete"] >= 0.5  # judged finished after "Spain", not after "of"
