@@ -17,6 +17,7 @@ BENCHMARKS = {
     "answers": ("bench.answers", "answer quality on everyday questions, per model, scored by rules"),
     "engine": ("bench.engine", "our LLM engine against transformers (and llama.cpp if importable)"),
     "latency": ("bench.latency", "voice-to-voice latency per stage on spoken questions"),
+    "turns": ("bench.turns", "turn taking per end-of-turn mode: false cuts, missed ends, voice to voice"),
     "load": ("bench.load", "concurrent WebSocket clients against a server"),
 }
 COMMANDS = ["chat", "say", "models", "personas", "doctor", "serve"]  # modules in app/commands

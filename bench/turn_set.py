@@ -1,0 +1,175 @@
+"""The labelled turn-taking set for ``voxlane bench turns``: built here from text, not stored.
+
+Each sentence is a complete spoken request with a point where it is clearly unfinished ("What is
+the capital of | Spain?"). Every item is synthesized in one of the voices this machine has (Piper,
+espeak-ng, flite), some with background noise, twice: as said, and with a thinking pause of
+500-1,200 ms inserted by sox at the unfinished point. A good endpointer answers the first after a
+short silence and waits through the second's pause.
+
+Building it takes Whisper word timestamps for every cut (slow on a busy machine), so the audio is
+kept under ``$VOXLANE_HOME/turn-set/<hash of this file>/`` and rebuilt when this file changes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.audio import PIPELINE_RATE, resample_once, to_mono_float32
+from pipeline.wavfile import read_wav, write_wav
+
+# (the request, the words after which it is clearly unfinished)
+SENTENCES = (
+    ("What is the capital of Spain?", "What is the capital of"),
+    ("Remind me to buy milk tomorrow morning.", "Remind me to"),
+    ("How many legs does a spider have?", "How many legs does"),
+    ("Can you recommend a good book to read?", "Can you recommend a"),
+    ("What should I cook for dinner tonight?", "What should I cook for"),
+    ("Tell me a fun fact about the moon.", "Tell me a fun fact about"),
+    ("Set a timer for ten minutes please.", "Set a timer for"),
+    ("What is the weather like in London today?", "What is the weather like in"),
+    ("Who wrote the novel Pride and Prejudice?", "Who wrote the novel"),
+    ("How do I make a cup of green tea?", "How do I make a cup of"),
+    ("Why do cats like to sleep in boxes?", "Why do cats like to"),
+    ("Could you explain how a rainbow forms?", "Could you explain how a"),
+    ("What time does the sun set in winter?", "What time does the"),
+    ("Please add eggs and bread to my shopping list.", "Please add eggs and bread to"),
+    ("How far is the moon from the earth?", "How far is the moon from"),
+    ("I would like to learn how to play the guitar.", "I would like to learn how to"),
+    ("What is the best way to learn a new language?", "What is the best way to"),
+    ("Tell me a short joke about computers.", "Tell me a short joke about"),
+    ("Which planet is the largest in our solar system?", "Which planet is the largest in"),
+    ("Can you tell me how to boil an egg?", "Can you tell me how to"),
+    ("What are some good exercises for my back?", "What are some good exercises for"),
+    ("Who painted the Mona Lisa?", "Who painted the"),
+    ("How many days are there in a leap year?", "How many days are there in a"),
+    ("Give me three ideas for a birthday present.", "Give me three ideas for a"),
+)
+VOICES = ("piper", "espeak-ng", "flite:slt", "piper", "flite:rms", "flite:kal16")
+PAUSES_MS = (500, 700, 900, 1000, 1200, 800)  # each paused item gets one, in turn
+NOISE_EVERY = 3  # every third sentence has background noise (white, 20 dB below the speech)
+
+
+@dataclass
+class TurnItem:
+    """One labelled utterance: 16 kHz mono float32 audio and where its parts are (in samples)."""
+
+    name: str
+    text: str
+    voice: str
+    is_complete: bool  # True: said in one go; False: a thinking pause inside an unfinished sentence
+    audio: np.ndarray
+    pause_start: int = 0  # paused items: the inserted silence [pause_start, pause_end)
+    pause_end: int = 0
+    is_noisy: bool = False
+
+
+def synthesize(text: str, voice: str, piper, workdir: Path) -> np.ndarray:
+    """16 kHz mono float32 speech of ``text`` in ``voice`` ("piper", "espeak-ng[:variant]", "flite:voice")."""
+    engine, _, variant = voice.partition(":")
+    if engine == "piper":
+        pcm, rate = np.concatenate(list(piper.synthesize(text))), piper.sample_rate
+        return resample_once(to_mono_float32(pcm), rate, PIPELINE_RATE)
+    path = workdir / "say.wav"
+    if engine == "espeak-ng":
+        subprocess.run(["espeak-ng", "-v", variant or "en-us", "-w", str(path), text], check=True, timeout=30)
+    elif engine == "flite":
+        subprocess.run(["flite", "-voice", variant or "slt", "-t", text, "-o", str(path)], check=True, timeout=30)
+    else:
+        raise ValueError(f"unknown voice {voice!r}")
+    pcm, rate, channels = read_wav(path)
+    return resample_once(to_mono_float32(pcm, channels), rate, PIPELINE_RATE)
+
+
+def cut_point(full: np.ndarray, text: str, prefix: str, whisper) -> int:
+    """The sample in ``full`` (saying ``text``) where ``prefix`` ends, from Whisper's word timestamps
+    (``whisper``: a faster_whisper.WhisperModel): the quietest 10 ms between the heard word that
+    ends the same share of the text's characters and the next word (a misheard or merged word
+    shifts nothing else)."""
+    segments, _ = whisper.transcribe(full, language="en", beam_size=1, word_timestamps=True,
+                                     condition_on_previous_text=False, vad_filter=False)
+    words = [w for s in segments for w in s.words]
+    if len(words) < 2:
+        raise ValueError(f"heard {len(words)} words in {text!r}")
+    share = len(prefix) / len(text)
+    ends = np.cumsum([len(w.word.strip()) + 1 for w in words[:-1]]) / sum(len(w.word.strip()) + 1 for w in words)
+    k = int(np.argmin(np.abs(ends - share)))  # the cut falls after words[k]
+    lo, hi = int(words[k].end * PIPELINE_RATE), int(words[k + 1].start * PIPELINE_RATE)
+    win = PIPELINE_RATE // 100
+    if hi - lo <= win:
+        return (lo + hi) // 2
+    starts = np.arange(lo, hi - win + 1, win // 2)
+    energy = [float(np.mean(full[s:s + win] ** 2)) for s in starts]
+    return int(starts[int(np.argmin(energy))] + win // 2)
+
+
+def insert_pause(audio: np.ndarray, at: int, pause_ms: int, workdir: Path) -> np.ndarray:
+    """``pause_ms`` of silence inserted at sample ``at``, by sox (``pad SECONDS@POSITION``)."""
+    source, target = workdir / "in.wav", workdir / "out.wav"
+    write_wav(source, audio, PIPELINE_RATE)
+    subprocess.run(["sox", str(source), str(target), "pad", f"{pause_ms / 1000}@{at / PIPELINE_RATE}"],
+                   check=True, timeout=30)
+    pcm, _, _ = read_wav(target)
+    return to_mono_float32(pcm)
+
+
+def add_noise(audio: np.ndarray, snr_db: float, seed: int) -> np.ndarray:
+    """White noise ``snr_db`` below the speech's power, over the whole clip (pauses included)."""
+    speech = audio[np.abs(audio) > 0.01]
+    power = float(np.mean(speech ** 2)) if len(speech) else 1e-4
+    noise = np.random.default_rng(seed).normal(0, np.sqrt(power / 10 ** (snr_db / 10)), len(audio))
+    return np.clip(audio + noise, -1, 1).astype(np.float32)
+
+
+def build_turn_set(piper, whisper, limit: int | None = None) -> list[TurnItem]:
+    """The labelled items, complete and paused for each sentence (``limit`` sentences at most)."""
+    items: list[TurnItem] = []
+    with tempfile.TemporaryDirectory(prefix="voxlane-turns-") as tmp:
+        workdir = Path(tmp)
+        for index, (text, prefix) in enumerate(SENTENCES[:limit]):
+            voice = VOICES[index % len(VOICES)]
+            full = synthesize(text, voice, piper, workdir)
+            at = cut_point(full, text, prefix, whisper)
+            pause_ms = PAUSES_MS[index % len(PAUSES_MS)]
+            paused = insert_pause(full, at, pause_ms, workdir)
+            is_noisy = index % NOISE_EVERY == NOISE_EVERY - 1
+            if is_noisy:
+                full, paused = add_noise(full, 20.0, index), add_noise(paused, 20.0, index)
+            name = f"{index:02d}-{voice.replace(':', '-')}"
+            items.append(TurnItem(f"{name}-complete", text, voice, True, full, is_noisy=is_noisy))
+            items.append(TurnItem(f"{name}-pause{pause_ms}", text, voice, False, paused, at,
+                                  at + pause_ms * PIPELINE_RATE // 1000, is_noisy))
+    return items
+
+
+def load_turn_set(models, limit: int | None = None, log=None) -> list[TurnItem]:
+    """The set, from the cache or built now with ``models`` (a PipelineModels: its Whisper finds
+    the cut points, its TTS provider gives the Piper voice)."""
+    from app.model_store import home_dir
+    from pipeline.persona import Voice
+
+    digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+    cache = home_dir() / "turn-set" / digest
+    index = cache / "items.json"
+    if not index.is_file():
+        if log is not None:
+            print(f"building the turn set once into {cache} (Whisper word timestamps; a minute or more)", file=log)
+        piper = models.tts(Voice())
+        items = build_turn_set(piper, models.transcriber.model)
+        cache.mkdir(parents=True, exist_ok=True)
+        for item in items:
+            write_wav(cache / f"{item.name}.wav", item.audio, PIPELINE_RATE)
+        meta = [{k: v for k, v in vars(item).items() if k != "audio"} for item in items]
+        tmp = cache / "items.json.tmp"
+        tmp.write_text(json.dumps(meta, indent=1))
+        tmp.replace(index)  # written last: a half-built cache is rebuilt
+    items = []
+    for meta in json.loads(index.read_text())[: None if limit is None else 2 * limit]:
+        pcm, _, _ = read_wav(cache / f"{meta['name']}.wav")
+        items.append(TurnItem(audio=to_mono_float32(pcm), **meta))
+    return items

@@ -1,0 +1,135 @@
+"""``voxlane bench turns``: does the assistant wait through a thinking pause, and answer a finished
+question fast? Per end-of-turn mode, on a labelled set built here (bench/turn_set.py).
+
+    voxlane bench turns [--modes semantic,silence] [--sentences 24] [--json]
+
+Each item is fed in real time to a fresh session, once per mode (alternating, so both modes see
+the same machine load). Reported per mode:
+- false cuts: paused items whose turn ended inside the pause (the fragment was answered);
+- missed ends: complete items that waited the long maximum (judged unfinished, or judged finished
+  only after the long silence had passed: "late verdicts", a sign of an overloaded machine);
+- voice to voice p50/p95 on complete items, from the true end of speech in the input (by energy,
+  not the VAD under test) to the first assistant audio sample sent.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+from app.commands.converse import add_model_arguments, app_config, load_models, make_pipeline, pick_persona
+from app.scripted_user import InputAudio, ScriptedUser
+from bench.latency import summary
+from bench.turn_set import TurnItem, load_turn_set
+from pipeline.frames import SpeechEnded
+from pipeline.persona import Persona
+
+MODES = ("semantic", "silence")
+CUT_MARGIN_SAMPLES = 1600  # a SpeechEnded within 100 ms after the pause is still "inside" it (VAD lateness)
+
+
+def run_item(models, persona: Persona, config, item: TurnItem, session: str) -> dict:
+    """One utterance through a fresh session; what happened to it."""
+    pipeline = make_pipeline(models, persona, persona.key, config.pipeline, session=session)
+    try:
+        result = ScriptedUser(pipeline).run([InputAudio(item.audio)], is_last_played=False)
+    finally:
+        pipeline.close()
+        end = getattr(models.llm, "end_session", None)
+        if end is not None:
+            end(session)
+    ends = [f.at_sample for f in result.frames if isinstance(f, SpeechEnded)]
+    lead_in = round(0.3 * 16000)  # ScriptedUser's silence before the input (16 kHz samples)
+    cut = not item.is_complete and any(e <= lead_in + item.pause_end + CUT_MARGIN_SAMPLES for e in ends)
+    last = result.turns[-1] if result.turns else None
+    waited_ms = None
+    if last is not None:
+        ms = last.waterfall.get("ms", {})
+        if "turn_end_detected" in ms:
+            waited_ms = ms["turn_end_detected"]
+    semantic = persona.endpointing.mode == "semantic"
+    waited_long = waited_ms is not None and waited_ms >= persona.endpointing.long_silence_ms - 32
+    p_complete = last.waterfall.get("counts", {}).get("p_complete") if last else None
+    return {"item": item.name, "voice": item.voice, "complete": item.is_complete, "noisy": item.is_noisy,
+            "turns": len(result.turns), "false_cut": cut,
+            "missed_end": bool(item.is_complete and semantic and waited_long),
+            # of those, the ones judged finished but too late (the signals came after the long silence: a busy machine)
+            "late_verdict": bool(item.is_complete and semantic and waited_long and p_complete is not None
+                                 and p_complete >= persona.endpointing.threshold),
+            "heard": last.user if last else "", "end_wait_ms": waited_ms,
+            "voice_to_voice_ms": last.voice_to_voice_ms if last else None, "p_complete": p_complete}
+
+
+def mode_report(rows: list[dict]) -> dict:
+    paused = [r for r in rows if not r["complete"]]
+    complete = [r for r in rows if r["complete"]]
+    v2v = [r["voice_to_voice_ms"] for r in complete if r["voice_to_voice_ms"] is not None]
+    return {"false_cuts": sum(r["false_cut"] for r in paused), "paused_items": len(paused),
+            "false_cut_rate": round(sum(r["false_cut"] for r in paused) / max(1, len(paused)), 3),
+            "missed_ends": sum(r["missed_end"] for r in complete), "complete_items": len(complete),
+            "missed_end_rate": round(sum(r["missed_end"] for r in complete) / max(1, len(complete)), 3),
+            "late_verdicts": sum(r.get("late_verdict", False) for r in complete),
+            "unanswered": sum(1 for r in complete if r["voice_to_voice_ms"] is None),
+            "voice_to_voice_ms": summary(v2v)}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="voxlane bench turns", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", default=",".join(MODES), help="end-of-turn modes to compare, alternately")
+    parser.add_argument("--sentences", type=int, default=None, help="use the first N sentences (2 items each)")
+    parser.add_argument("--json", action="store_true")
+    add_model_arguments(parser)
+    parser.set_defaults(temperature=0.0, max_tokens=24)
+    args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    for mode in modes:
+        if mode not in MODES:
+            parser.error(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
+    config = app_config(args)
+    models = load_models(config)
+    personas = pick_persona(args, config)
+    base: Persona = personas if isinstance(personas, Persona) else personas.get(config.personas.default)
+    models.warm_up(base.voice)
+    load_before = os.getloadavg()
+    try:
+        items = load_turn_set(models, args.sentences, log=None if args.json else sys.stderr)
+        rows: dict[str, list[dict]] = {m: [] for m in modes}
+        for index, item in enumerate(items):
+            for mode in (modes if index % 2 == 0 else modes[::-1]):  # alternate who goes first
+                persona = dataclasses.replace(base, endpointing=dataclasses.replace(base.endpointing, mode=mode))
+                row = run_item(models, persona, config, item, session=f"turns-{mode}-{index}")
+                rows[mode].append(row)
+                if not args.json:
+                    print(f"  {mode:8} {item.name:28} turns={row['turns']} cut={row['false_cut']!s:5} "
+                          f"missed={row['missed_end']!s:5} v2v={row['voice_to_voice_ms']} p={row['p_complete']} "
+                          f"heard={row['heard']!r}", file=sys.stderr)
+    finally:
+        models.close()
+    data = {"conditions": {"load_average_before": [round(x, 2) for x in load_before],
+                           "load_average_after": [round(x, 2) for x in os.getloadavg()], "cpu_count": os.cpu_count(),
+                           "items": len(items), "asr": config.models.asr, "llm": config.models.llm,
+                           "pause_ms": config.pipeline.vad.pause_ms,
+                           "endpointing": dataclasses.asdict(base.endpointing)},
+            "modes": {m: mode_report(r) for m, r in rows.items()}, "rows": rows}
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print_report(data)
+    return 0
+
+
+def print_report(data: dict) -> None:
+    c = data["conditions"]
+    e = c["endpointing"]
+    print(f"turn taking on {c['items']} utterances ({c['asr']}, {c['llm']}; semantic: short {e['short_silence_ms']} ms, "
+          f"long {e['long_silence_ms']} ms, threshold {e['threshold']}; silence: {e['silence_ms']} ms; pause_ms "
+          f"{c['pause_ms']}; load average {c['load_average_before']} -> {c['load_average_after']} on {c['cpu_count']} CPUs)")
+    print(f"{'mode':10} {'false cuts':>14} {'missed ends':>14} {'(late)':>7} {'v2v p50':>9} {'v2v p95':>9}")
+    for mode, r in data["modes"].items():
+        print(f"{mode:10} {r['false_cuts']:>4}/{r['paused_items']:<3} {100 * r['false_cut_rate']:>4.0f} % "
+              f"{r['missed_ends']:>4}/{r['complete_items']:<3} {100 * r['missed_end_rate']:>4.0f} % {r['late_verdicts']:>7} "
+              f"{r['voice_to_voice_ms']['p50']:>9} {r['voice_to_voice_ms']['p95']:>9}")
+    print("false cut: a paused, unfinished sentence was ended in its pause; missed end: a finished question "
+          "waited the long maximum; voice to voice: true end of speech -> first audio, complete questions")

@@ -1,0 +1,37 @@
+"""The labelled set of ``voxlane bench turns``: the thinking pause lands between the right words
+(real Piper speech, Whisper's word timestamps) and is exactly the silence asked for (sox)."""
+from __future__ import annotations
+
+import numpy as np
+
+from bench.turn_set import SENTENCES, cut_point, insert_pause, synthesize
+from bench.turns import mode_report
+from bench.wer import wer
+
+
+def test_the_pause_goes_where_the_sentence_is_unfinished(piper_voice_path, whisper_base_dir, tmp_path):
+    from pipeline.asr import WhisperTranscriber
+    from pipeline.config import ASRConfig
+    from pipeline.tts.piper_tts import PiperTTS
+
+    transcriber = WhisperTranscriber(whisper_base_dir, ASRConfig())
+    text, prefix = SENTENCES[0]  # "What is the capital of | Spain?"
+    audio = synthesize(text, "piper", PiperTTS(piper_voice_path), tmp_path)
+    at = cut_point(audio, text, prefix, transcriber.model)
+    paused = insert_pause(audio, at, 900, tmp_path)
+    assert len(paused) == len(audio) + 900 * 16
+    assert np.abs(paused[at:at + 900 * 16]).max() < 1e-3  # the inserted silence
+    np.testing.assert_allclose(paused[at + 900 * 16:], audio[at:], atol=1e-4)
+    first, rest = transcriber.transcribe(audio[:at]).text, transcriber.transcribe(audio[at:]).text
+    assert wer(prefix, first) <= 0.2 and "spain" in rest.lower(), (first, rest)
+
+
+def test_the_report_counts_cuts_on_paused_items_and_missed_ends_on_complete_ones():
+    rows = [{"complete": False, "false_cut": True}, {"complete": False, "false_cut": False},
+            {"complete": True, "missed_end": True, "late_verdict": True, "voice_to_voice_ms": 2100.0},
+            {"complete": True, "missed_end": False, "voice_to_voice_ms": 400.0},
+            {"complete": True, "missed_end": False, "voice_to_voice_ms": None}]
+    report = mode_report(rows)
+    assert (report["false_cuts"], report["paused_items"], report["false_cut_rate"]) == (1, 2, 0.5)
+    assert (report["missed_ends"], report["late_verdicts"], report["complete_items"], report["unanswered"]) == (1, 1, 3, 1)
+    assert report["voice_to_voice_ms"]["n"] == 2
