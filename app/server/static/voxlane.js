@@ -208,6 +208,11 @@
           if (m.event === "speech_started") this.userBubble(m.gen, "…", true);
           if (m.event === "speech_ended") this.endOfSpeechAt[m.gen] = this.lastVoiceAt || performance.now();
           break;
+        case "end_of_turn":
+          // "semantic" endpointing read a pause: an unfinished sentence is waited for, so say so.
+          stats.lastEndOfTurn = m;
+          if (!m.complete) this.setStatus("Sounds unfinished: listening for the rest (up to " + (m.end_silence_ms / 1000).toFixed(1) + " s).");
+          break;
         case "transcript": {
           const b = this.userBubble(m.gen, m.text, !m.final);
           if (m.final) stats.lastTranscript = m.text;
