@@ -37,6 +37,17 @@ def join_words(head: str, tail: str) -> str:
     return f"{head.rstrip().rstrip('.?!,;:…')} {tail.strip()}"
 
 
+def joined_confidence(head: str, head_logprob: float | None, tail: str, tail_logprob: float | None) -> float | None:
+    """Whisper's confidence (avg log-probability) in ``join_words(head, tail)``: the two parts' own,
+    weighted by their words. A tail read alone after a pause is short ("Spain"), and Whisper is
+    rarely sure of one word without its sentence (-0.4 to -0.8 for a clear "Spain"): taken alone it
+    would make the whole sentence look misheard to the end-of-turn decision."""
+    if head_logprob is None or tail_logprob is None:
+        return tail_logprob if head_logprob is None else head_logprob
+    num_head, num_tail = len(head.split()), len(tail.split())
+    return (num_head * head_logprob + num_tail * tail_logprob) / max(1, num_head + num_tail)
+
+
 class ASRStage(Stage):
     """Buffers each turn's audio and transcribes it (see module docstring)."""
 
@@ -57,7 +68,9 @@ class ASRStage(Stage):
         self._last_partial_at = 0
         self._is_final_sent = False
         self._head = ""  # the utterance's words as heard at its last pause (the text of that final)
+        self._head_logprob: float | None = None  # Whisper's confidence in them
         self._head_text = ""  # words before a long pause, kept as heard; the buffer holds what follows
+        self._head_text_logprob: float | None = None
 
     def before_purge(self, interrupt: Interrupt, queued) -> None:
         if interrupt.reason == "resume":
@@ -69,7 +82,7 @@ class ASRStage(Stage):
 
     def _reset(self, gen: int) -> None:
         self._gen, self._chunks, self._num_samples, self._silent_run = gen, [], 0, 0
-        self._head, self._head_text = "", ""
+        self._head, self._head_text, self._head_logprob, self._head_text_logprob = "", "", None, None
         self._last_partial_at, self._is_final_sent = 0, False
 
     def _buffer(self) -> np.ndarray:
@@ -88,7 +101,8 @@ class ASRStage(Stage):
                         # After a thinking pause Whisper tends to end its text at the pause and never
                         # read the rest ("How many legs does?"): the words before the pause stay as
                         # heard, and only what follows is transcribed (with a gap's worth of silence).
-                        self._head_text, self._chunks = self._head, [np.zeros(MAX_GAP_MS * RATE // 1000, np.float32)]
+                        self._head_text, self._head_text_logprob = self._head, self._head_logprob
+                        self._chunks = [np.zeros(MAX_GAP_MS * RATE // 1000, np.float32)]
                 else:
                     self._reset(frame.gen)
             self._silent_run = 0 if frame.is_speech else self._silent_run + len(frame.samples)
@@ -118,16 +132,17 @@ class ASRStage(Stage):
 
     def _final(self, gen: int, is_end: bool) -> Iterable[Frame]:
         result = self.transcriber.transcribe(self._buffer(), self.language())
+        confidence = min((seg.avg_logprob for seg in result.segments), default=None)
         if self._head_text and result.text:
+            confidence = joined_confidence(self._head_text, self._head_text_logprob, result.text, confidence)
             result.text = join_words(self._head_text, result.text)
-        log.debug("final of turn %d (%s, %.2f s of audio): %r", gen, "end" if is_end else "pause",
-                  self._num_samples / RATE, result.text)
+        log.debug("final of turn %d (%s, %.2f s of audio): %r (avg log-prob %s)", gen, "end" if is_end else "pause",
+                  self._num_samples / RATE, result.text, confidence)
         if result.dropped:
             log.info("ASR dropped: %s", "; ".join(result.dropped))
         if result.text:
-            self._is_final_sent, self._head = True, result.text
+            self._is_final_sent, self._head, self._head_logprob = True, result.text, confidence
             self.book.mark(gen, "asr_final", time.monotonic())
-            confidence = min((seg.avg_logprob for seg in result.segments), default=None)
             yield Transcript(gen=gen, text=result.text, is_final=True, avg_logprob=confidence)
         elif is_end:  # VAD heard something, Whisper found no words in it: no turn
             self._is_final_sent = True

@@ -99,6 +99,16 @@ def test_words_whisper_was_unsure_of_cannot_say_the_sentence_is_finished():
     assert fuse(p_audio=0.8, p_text=0.5, words_logprob=-0.2) > 0.5
 
 
+def test_a_sentence_joined_across_a_pause_is_as_sure_as_its_words():
+    from pipeline.asr_stage import joined_confidence
+
+    # "What is the capital of" heard surely, "Spain" (read alone after the pause) less so: the
+    # sentence stays trusted, and a misheard head still counts against it.
+    assert joined_confidence("What is the capital of?", -0.2, "Spain.", -0.8) == pytest.approx(-0.3)
+    assert joined_confidence("What is the weather like in?", -0.9, "Paris.", -0.1) < -0.6
+    assert joined_confidence("Remind me to", None, "buy milk.", -0.3) == -0.3
+
+
 def test_the_text_signal_reads_the_words_without_whispers_final_punctuation():
     assert strip_trailing_punctuation("What is the capital of?") == "What is the capital of"
     assert strip_trailing_punctuation("Remind me to...  ") == "Remind me to"
