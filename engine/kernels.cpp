@@ -19,6 +19,8 @@
 #include <cstring>
 #include <vector>
 
+#include "decode_ops.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -127,15 +129,6 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 
 // ---- RMSNorm, with the residual add fused in ------------------------------------------------------
 // residual[M, D] += x[M, D] (in place, when x is given); returns residual / rms(residual) * weight.
-static void rms_row(const float* in, const float* weight, double eps, int64_t D, float* out) {
-  float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-  for (int64_t i = 0; i < D; ++i) ss += in[i] * in[i];
-  const float inv = 1.f / std::sqrt(ss / static_cast<float>(D) + static_cast<float>(eps));
-#pragma omp simd
-  for (int64_t i = 0; i < D; ++i) out[i] = in[i] * inv * weight[i];
-}
-
 at::Tensor add_rms_norm_(at::Tensor& residual, const c10::optional<at::Tensor>& x, const at::Tensor& weight,
                          double eps) {
   TORCH_CHECK(residual.dim() == 2 && residual.scalar_type() == at::kFloat && residual.is_contiguous(),
@@ -154,30 +147,6 @@ at::Tensor add_rms_norm_(at::Tensor& residual, const c10::optional<at::Tensor>& 
   const float* wp = weight.data_ptr<float>();
   for (int64_t m = 0; m < M; ++m) rms_row(rp + m * D, wp, eps, D, out.data_ptr<float>() + m * D);
   return out;
-}
-
-// ---- exp that vectorizes ------------------------------------------------------------------------------
-// std::exp in a loop stays scalar without -ffast-math (glibc declares its vector variants only then),
-// and -ffast-math would also drop the infinities the softmax relies on. Cephes' expf instead:
-// e^x = 2^n * e^r with |r| <= ln2/2 and a degree-6 polynomial, ~1 ulp, plain arithmetic that
-// `omp simd` loops turn into AVX-512 code. n is rounded by adding and subtracting 1.5 * 2^23
-// (std::floor does not vectorize under IEEE trapping rules).
-#pragma omp declare simd notinbranch
-static inline float fast_exp(float x) {
-  x = std::min(std::max(x, -87.3f), 88.7f);
-  const float n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n as a float's exponent field
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  return p * two_n;
 }
 
 // ---- SwiGLU activation ------------------------------------------------------------------------------
@@ -206,14 +175,6 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 // kv head attends keys 0..position of its own slot (the last `window` of them when window > 0:
 // Mistral's sliding window). No mask tensor and no padding: each sequence
 // reads exactly its own length. Replaces RoPE, two index_put, the GQA reshapes and SDPA.
-static void rope_into(const float* x, const float* cos, const float* sin, int64_t d, float* out) {
-  const int64_t half = d / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    out[i] = x[i] * cos[i] + x[i + half] * sin[i];
-    out[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
-  }
-}
-
 at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
                             at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& positions,
                             int64_t num_heads, int64_t num_kv_heads, int64_t window) {
@@ -232,7 +193,7 @@ at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const 
                   positions.scalar_type() == at::kLong && slots.is_contiguous() && positions.is_contiguous(),
               "slots, positions: int64 [B]");
   TORCH_CHECK(H % Hkv == 0, "num_heads must be a multiple of num_kv_heads");
-  const int64_t R = H / Hkv, S = k_cache.size(0), row = (H + 2 * Hkv) * d;
+  const int64_t S = k_cache.size(0);
   const int64_t* slot_p = slots.data_ptr<int64_t>();
   const int64_t* pos_p = positions.data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b) {
@@ -240,59 +201,14 @@ at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const 
     TORCH_CHECK(pos_p[b] >= 0 && pos_p[b] < L, "position out of range");
   }
   at::Tensor y = at::empty({B, H * d}, qkv.options());
-  const float scale = 1.f / std::sqrt(static_cast<float>(d));
   const float *qkv_p = qkv.data_ptr<float>(), *cos_p = cos.data_ptr<float>(), *sin_p = sin.data_ptr<float>();
   float *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>(), *yp = y.data_ptr<float>();
 
-  // One task per (sequence, kv head): it writes that head's new k/v, then reads only its own slot.
-  // One task per (sequence, kv head): it writes that head's new k/v, then reads only its own slot,
-  // each key and value once for all R query heads that share it.
+  // One task per (sequence, kv head): decode_ops.h's attend_one.
+  const AttentionArgs args{qkv_p, cos_p, sin_p, kc, vc, slot_p, pos_p, yp, H, Hkv, d, L, window};
   at::parallel_for(0, B * Hkv, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> q(R * d), scores, inv_total(R);  // q [R, d], scores [R, n_keys]
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / Hkv, g = t % Hkv, pos = pos_p[b];
-      const int64_t first = window > 0 ? std::max<int64_t>(0, pos + 1 - window) : 0, n_keys = pos + 1 - first;
-      const float* src = qkv_p + b * row;
-      const float *c = cos_p + b * d, *s = sin_p + b * d;
-      float* slot_keys = kc + ((slot_p[b] * Hkv + g) * L) * d;  // [L, d] of this slot and kv head
-      float* slot_values = vc + ((slot_p[b] * Hkv + g) * L) * d;
-      rope_into(src + (H + g) * d, c, s, d, slot_keys + pos * d);
-      std::copy(src + (H + Hkv + g) * d, src + (H + Hkv + g + 1) * d, slot_values + pos * d);
-      const float* keys = slot_keys + first * d;  // the n_keys attended: positions first..pos
-      const float* values = slot_values + first * d;
-      // HF's grouping: query head h = g * R + r uses kv head g.
-      for (int64_t r = 0; r < R; ++r) rope_into(src + (g * R + r) * d, c, s, d, q.data() + r * d);
-      scores.resize(R * n_keys);
-      for (int64_t j = 0; j < n_keys; ++j) {
-        const float* key = keys + j * d;
-        for (int64_t r = 0; r < R; ++r) {
-          const float* qr = q.data() + r * d;
-          float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t i = 0; i < d; ++i) dot += qr[i] * key[i];
-          scores[r * n_keys + j] = dot * scale;
-        }
-      }
-      for (int64_t r = 0; r < R; ++r) {  // softmax numerators and 1 / sum, per head
-        float* row_scores = scores.data() + r * n_keys;
-        const float top = *std::max_element(row_scores, row_scores + n_keys);
-        float total = 0.f;
-#pragma omp simd reduction(+ : total)
-        for (int64_t j = 0; j < n_keys; ++j) total += (row_scores[j] = fast_exp(row_scores[j] - top));
-        inv_total[r] = 1.f / total;
-      }
-      float* out = yp + b * H * d + g * R * d;  // [R, d]: the group's heads are adjacent in y
-      std::fill(out, out + R * d, 0.f);
-      for (int64_t j = 0; j < n_keys; ++j) {
-        const float* value = values + j * d;
-        for (int64_t r = 0; r < R; ++r) {
-          const float p = scores[r * n_keys + j] * inv_total[r];
-          float* out_r = out + r * d;
-#pragma omp simd
-          for (int64_t i = 0; i < d; ++i) out_r[i] += p * value[i];
-        }
-      }
-    }
+    AttentionScratch scratch;
+    for (int64_t t = t0; t < t1; ++t) attend_one(args, t, scratch);
   });
   return y;
 }

@@ -11,6 +11,8 @@ Each op has a pure-torch twin below, written for clarity, that the tests compare
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -24,7 +26,9 @@ from torch import Tensor
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("kernels.cpp")
+HERE = Path(__file__).parent
+SOURCES = [HERE / "kernels.cpp", HERE / "quant_ops.cpp", HERE / "decode_step.cpp"]  # compiled together into one library
+HEADERS = [HERE / "gguf_blocks.h", HERE / "quant_matmul.h", HERE / "decode_ops.h", HERE / "step_pool.h"]
 # -fopenmp: at::parallel_for's pragmas use torch's OpenMP (and `omp simd` loops vectorize);
 # 512-bit vectors: gcc defaults to 256 on recent Intel CPUs even with AVX-512 (no effect without it).
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-mprefer-vector-width=512"]
@@ -47,7 +51,7 @@ def build_key() -> str:
     """Names the build: source, flags, torch version and CPU features (a shared home directory
     may be used from several machines)."""
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), torch.__version__.encode(), _cpu_flags().encode(),
+    for part in (*(p.read_bytes() for p in SOURCES + HEADERS), " ".join(CFLAGS).encode(), torch.__version__.encode(), _cpu_flags().encode(),
                  platform.machine().encode()):
         digest.update(part)
     return digest.hexdigest()[:16]
@@ -74,14 +78,34 @@ def unavailable_reason() -> str | None:
     return _state.get("error")  # type: ignore[return-value]
 
 
+@contextlib.contextmanager
+def _build_guard(directory: Path):
+    """One build (or load) of a key at a time across processes, and no wait on a dead build.
+
+    torch's ``cpp_extension`` marks a build in progress with a ``lock`` file in the build directory
+    and waits, without limit, until that file is gone; a build killed midway (Ctrl-C in ``./dev
+    setup``, a test timeout) leaves it behind, and every later load hung on it. Our own ``flock``
+    (released by the OS when its holder dies) serializes the builders instead, so a ``lock`` file
+    found while holding it is a dead build's, and is removed."""
+    with open(directory.parent / f"{directory.name}.build-lock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            (directory / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
+
+
 def _build_and_load():
     from torch.utils import cpp_extension
 
     directory = build_dir()
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        cpp_extension.load(name=f"voxlane_kernels_{build_key()}", sources=[str(SOURCE)], extra_cflags=CFLAGS,
-                           build_directory=str(directory), is_python_module=False, verbose=False)
+        with _build_guard(directory):
+            cpp_extension.load(name=f"voxlane_kernels_{build_key()}", sources=[str(p) for p in SOURCES],
+                               extra_cflags=CFLAGS, build_directory=str(directory), is_python_module=False,
+                               verbose=False)
         return torch.ops.voxlane, None
     except Exception as error:  # a missing compiler or ninja, a failed build: fall back, say why
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]

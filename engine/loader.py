@@ -162,7 +162,12 @@ def release_file_memory(model: torch.nn.Module) -> None:
                 owned[id(tensor)] = torch.nn.Parameter(copy, requires_grad=False) if isinstance(
                     tensor, torch.nn.Parameter) else copy
             setattr(module, name, owned[id(tensor)])
-    try:  # glibc: return the freed fp32 weights' heap pages
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc's ``malloc_trim``; a no-op elsewhere)."""
+    try:
         import ctypes
 
         ctypes.CDLL("libc.so.6").malloc_trim(0)

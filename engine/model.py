@@ -251,7 +251,7 @@ class Transformer(nn.Module):
         self.max_seq_len = max_seq_len or args.max_position_embeddings
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.attention_factor = attention_factor
-        self.kernels = None  # torch.ops.voxlane (engine.kernels) when loaded: enables decode_step
+        self.kernels = None  # torch.ops.voxlane (engine.kernels) when loaded: the one-call decode step
         self.set_rope_dtype(torch.float32)
 
     def set_rope_dtype(self, dtype: torch.dtype) -> None:
@@ -269,27 +269,6 @@ class Transformer(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin, cache, batch)
         return self.norm(x)
-
-    def decode_step(self, tokens: Tensor, positions: Tensor, cache: KVCacheTensors, slots: Tensor) -> Tensor:
-        """The fused decode path (fp32): one new token per sequence, through ``engine/kernels.cpp``.
-
-        tokens, positions, slots [B] long -> hidden [B, D] (after the final norm). Equal to
-        ``forward`` with T = 1 (tested), in 8 ops per layer instead of ~190: the residual add is
-        fused into each norm (``residual`` carries the stream, vLLM's shape) and RoPE, the cache
-        write and GQA attention over each sequence's own length are one ``decode_attention``.
-        """
-        args, kernels = self.args, self.kernels
-        x = self.embed(tokens)  # [B, D]; the first norm takes it as the residual stream
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # [B, d]
-        residual, delta = x.contiguous(), None
-        for i, layer in enumerate(self.layers):
-            h = kernels.add_rms_norm_(residual, delta, layer.input_norm.weight, layer.input_norm.eps)
-            attended = kernels.decode_attention(layer.attn.qkv(h), cos, sin, cache.k[i], cache.v[i], slots, positions,
-                                                args.num_heads, args.num_kv_heads, args.sliding_window or 0)  # [B, H*d]
-            h = kernels.add_rms_norm_(residual, layer.attn.o_proj(attended), layer.post_attn_norm.weight,
-                                      layer.post_attn_norm.eps)
-            delta = layer.mlp.down_proj(kernels.silu_mul(layer.mlp.gate_up(h)))
-        return kernels.add_rms_norm_(residual, delta, self.norm.weight, self.norm.eps)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """hidden [..., D] -> logits [..., V] in float32 (sampling wants full precision)."""

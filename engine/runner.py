@@ -2,14 +2,16 @@
 
 It owns the model and the cache tensors and builds each forward's ``AttentionBatch``: where the new
 k/v go, which cache rows are read, and the boolean mask (only what differing lengths need). With the
-fused kernels (engine/kernels.cpp) and fp32 activations, a decode batch takes ``decode_step``
-instead, which needs none of that: each sequence reads exactly its own length.
+kernels (engine/kernels.py) and fp32 activations, a decode batch is one native call instead
+(``engine.native_step``: the whole layer stack and the LM head in C++), which needs none of that:
+each sequence reads exactly its own length.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from engine import native_step
 from engine.kv_cache import KVCache
 from engine.model import AttentionBatch, PackedBatch, Transformer, visible_keys
 
@@ -20,8 +22,9 @@ class ModelRunner:
     def __init__(self, model: Transformer, kv_cache: KVCache, compile: bool = False):
         self.model = model
         self.kv_cache = kv_cache
-        # The fused decode path needs the model's kernels (torch.ops.voxlane) and an fp32 cache.
-        self.fused_decode = model.kernels is not None and kv_cache.tensors.k.dtype == torch.float32
+        # The one-call decode step needs the model's kernels (torch.ops.voxlane) and fp32 activations.
+        self.fused_decode = native_step.supports(model, kv_cache.tensors)
+        self.decoder = native_step.build_decoder(model, kv_cache.tensors) if self.fused_decode else None
         self.group = model.args.num_heads // model.args.num_kv_heads  # R query heads per kv head
         self._decode_forward = model.forward
         if compile:
@@ -72,11 +75,10 @@ class ModelRunner:
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> Tensor:
         """One new token per sequence (slots sorted ascending) -> logits [B, V]."""
         if self.fused_decode:
-            hidden = self.model.decode_step(torch.tensor(token_ids), torch.tensor(positions),
-                                            self.kv_cache.tensors, torch.tensor(slots))
+            logits = self.decoder.step(torch.tensor(token_ids), torch.tensor(positions), torch.tensor(slots))
             for slot, position in zip(slots, positions):
                 self.kv_cache.note_written(slot, position + 1)
-            return self.model.logits(hidden)
+            return logits
         B = len(slots)
         pos = torch.tensor(positions).unsqueeze(1)  # [B, 1]
         L = max(positions) + 1

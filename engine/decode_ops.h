@@ -1,0 +1,125 @@
+// The pieces of a decode step shared by the per-op kernels (kernels.cpp) and the one-call step
+// (decode_step.cpp): RMSNorm of a row, a vectorizing exp, RoPE of one head, and the attention of one
+// (sequence, kv head) over its cache slot.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace voxlane {
+
+inline void rms_row(const float* in, const float* weight, double eps, int64_t D, float* out) {
+  float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t i = 0; i < D; ++i) ss += in[i] * in[i];
+  const float inv = 1.f / std::sqrt(ss / static_cast<float>(D) + static_cast<float>(eps));
+#pragma omp simd
+  for (int64_t i = 0; i < D; ++i) out[i] = in[i] * inv * weight[i];
+}
+
+// ---- exp that vectorizes ------------------------------------------------------------------------------
+// std::exp in a loop stays scalar without -ffast-math (glibc declares its vector variants only then),
+// and -ffast-math would also drop the infinities the softmax relies on. Cephes' expf instead:
+// e^x = 2^n * e^r with |r| <= ln2/2 and a degree-6 polynomial, ~1 ulp, plain arithmetic that
+// `omp simd` loops turn into AVX-512 code. n is rounded by adding and subtracting 1.5 * 2^23
+// (std::floor does not vectorize under IEEE trapping rules).
+#pragma omp declare simd notinbranch
+inline float fast_exp(float x) {
+  x = std::min(std::max(x, -87.3f), 88.7f);
+  const float n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n as a float's exponent field
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return p * two_n;
+}
+
+// RoPE of one head (HF's rotate-half convention; the sign is folded into sin).
+inline void rope_into(const float* x, const float* cos, const float* sin, int64_t d, float* out) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    out[i] = x[i] * cos[i] + x[i + half] * sin[i];
+    out[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
+  }
+}
+
+// One new token per sequence attending its cache slot: shapes as in kernels.cpp's decode_attention.
+// RoPE on the new q and k, the new k and v written at (slot, kv head, position), then each of the
+// R query heads that share the kv head attends keys 0..position of its own slot (the last `window`
+// of them when window > 0: Mistral's sliding window). No mask and no padding.
+struct AttentionArgs {
+  const float* qkv;  // [B, (H + 2 Hkv) d]
+  const float *cos, *sin;  // [B, d]
+  float *k_cache, *v_cache;  // [S, Hkv, L, d] (one layer's)
+  const int64_t *slots, *positions;  // [B]
+  float* out;  // [B, H d]
+  int64_t H, Hkv, d, L, window;
+  int64_t row = (H + 2 * Hkv) * d;
+  float scale = 1.f / std::sqrt(static_cast<float>(d));
+};
+
+struct AttentionScratch {
+  std::vector<float> q, scores, inv_total;  // q [R, d], scores [R, n_keys]
+};
+
+// Task t = (sequence b, kv head g) = (t / Hkv, t % Hkv): writes that head's new k/v, then reads only
+// its own slot, each key and value once for all R query heads that share it.
+inline void attend_one(const AttentionArgs& a, int64_t t, AttentionScratch& scratch) {
+  const int64_t H = a.H, Hkv = a.Hkv, d = a.d, L = a.L, R = H / Hkv;
+  scratch.q.resize(R * d);
+  scratch.inv_total.resize(R);
+  const int64_t b = t / Hkv, g = t % Hkv, pos = a.positions[b];
+  const int64_t first = a.window > 0 ? std::max<int64_t>(0, pos + 1 - a.window) : 0, n_keys = pos + 1 - first;
+  const float* src = a.qkv + b * a.row;
+  const float *c = a.cos + b * d, *s = a.sin + b * d;
+  float* slot_keys = a.k_cache + ((a.slots[b] * Hkv + g) * L) * d;  // [L, d] of this slot and kv head
+  float* slot_values = a.v_cache + ((a.slots[b] * Hkv + g) * L) * d;
+  rope_into(src + (H + g) * d, c, s, d, slot_keys + pos * d);
+  std::copy(src + (H + Hkv + g) * d, src + (H + Hkv + g + 1) * d, slot_values + pos * d);
+  const float* keys = slot_keys + first * d;  // the n_keys attended: positions first..pos
+  const float* values = slot_values + first * d;
+  // HF's grouping: query head h = g * R + r uses kv head g.
+  for (int64_t r = 0; r < R; ++r) rope_into(src + (g * R + r) * d, c, s, d, scratch.q.data() + r * d);
+  scratch.scores.resize(R * n_keys);
+  for (int64_t j = 0; j < n_keys; ++j) {
+    const float* key = keys + j * d;
+    for (int64_t r = 0; r < R; ++r) {
+      const float* qr = scratch.q.data() + r * d;
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t i = 0; i < d; ++i) dot += qr[i] * key[i];
+      scratch.scores[r * n_keys + j] = dot * a.scale;
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {  // softmax numerators and 1 / sum, per head
+    float* row_scores = scratch.scores.data() + r * n_keys;
+    const float top = *std::max_element(row_scores, row_scores + n_keys);
+    float total = 0.f;
+#pragma omp simd reduction(+ : total)
+    for (int64_t j = 0; j < n_keys; ++j) total += (row_scores[j] = fast_exp(row_scores[j] - top));
+    scratch.inv_total[r] = 1.f / total;
+  }
+  float* out = a.out + b * H * d + g * R * d;  // [R, d]: the group's heads are adjacent in y
+  std::fill(out, out + R * d, 0.f);
+  for (int64_t j = 0; j < n_keys; ++j) {
+    const float* value = values + j * d;
+    for (int64_t r = 0; r < R; ++r) {
+      const float p = scratch.scores[r * n_keys + j] * scratch.inv_total[r];
+      float* out_r = out + r * d;
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) out_r[i] += p * value[i];
+    }
+  }
+}
+
+}  // namespace voxlane

@@ -1,0 +1,299 @@
+// One native call per decode step: ``torch.classes.voxlane.NativeDecoder``.
+//
+// Why: with the per-op kernels a decode step was still ~1,070 ATen calls and the Python of 30
+// layers, and every parallel op forked and joined its own OpenMP team. Here the whole layer stack
+// (norms, qkv (+ bias), RoPE + cache write + attention, o_proj, SwiGLU, down, residuals, final
+// norm, LM head) is one call: its ~200 phases run on a StepPool (step_pool.h) whose threads stay
+// warm for the whole step and take the rows of each matrix in small tasks, with no barrier (a
+// thread the OS pauses delays the others by one task, not by its share).
+//
+// The model is described once (add_linear / add_norm, from engine/native_step.py) with pointers
+// into tensors the object keeps alive; weights may be any format of gguf_blocks.h (the GGUF's own
+// blocks, our per-channel int8, or fp32). Activations and accumulation are fp32 throughout.
+// Shapes: B sequences, D hidden, H / Hkv heads, d head dim, I intermediate, V vocabulary,
+// S cache slots, L positions per slot.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <string>
+#include <vector>
+
+#include "decode_ops.h"
+#include "quant_matmul.h"
+#include "step_pool.h"
+
+namespace voxlane {
+
+QWeight qweight_of(const at::Tensor& w, int64_t format, int64_t cols, const c10::optional<at::Tensor>& row_scale,
+                   const c10::optional<at::Tensor>& bias);  // quant_ops.cpp
+
+// A linear layer as row segments (q | k | v, gate | up), possibly of different formats.
+struct Linear {
+  std::vector<QWeight> parts;
+  int64_t rows = 0, cols = 0;
+  const float* bias = nullptr;
+
+  // y[m, n] = x[m] . W[n] (+ bias[n]) for rows n in [n0, n1) and every row m of x.
+  void run(const float* x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) const {
+    int64_t base = 0;
+    for (const QWeight& w : parts) {
+      const int64_t a = std::max(n0, base), b = std::min(n1, base + w.rows);
+      if (a < b) matvec(w, x, M, cols, y + base, ldy, a - base, b - base);
+      base += w.rows;
+    }
+    if (bias)
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = n0; n < n1; ++n) y[m * ldy + n] += bias[n];
+  }
+};
+
+struct Layer {
+  Linear qkv, o, gate_up, down;
+  const float *input_norm = nullptr, *post_norm = nullptr;
+};
+
+class NativeDecoder;
+
+// The step's buffers (each [B, width] row-major).
+struct StepBuffers {
+  float *residual, *h, *delta, *qkv, *attn, *gate_up, *act, *logits, *cos, *sin;
+};
+
+class NativeDecoder : public torch::CustomClassHolder {
+  friend class StepWork;
+
+ public:
+  NativeDecoder(int64_t dim, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, int64_t layers,
+                double eps, int64_t window, at::Tensor cos, at::Tensor sin, at::Tensor k_cache, at::Tensor v_cache)
+      : D(dim), H(heads), Hkv(kv_heads), d(head_dim), I(intermediate), eps(eps), window(window), layers(layers) {
+    TORCH_CHECK(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
+    TORCH_CHECK(cos.dim() == 2 && cos.size(1) == head_dim && cos.scalar_type() == at::kFloat && cos.is_contiguous() &&
+                    sin.sizes() == cos.sizes() && sin.scalar_type() == at::kFloat && sin.is_contiguous(),
+                "cos, sin: contiguous float32 [positions, head_dim]");
+    TORCH_CHECK(k_cache.dim() == 5 && k_cache.size(0) == layers && k_cache.size(2) == kv_heads &&
+                    k_cache.size(4) == head_dim && k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
+                    v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == at::kFloat && v_cache.is_contiguous(),
+                "k_cache, v_cache: contiguous float32 [layers, slots, kv_heads, positions, head_dim]");
+    keep({cos, sin, k_cache, v_cache});
+    cos_ = cos.data_ptr<float>();
+    sin_ = sin.data_ptr<float>();
+    k_ = k_cache.data_ptr<float>();
+    v_ = v_cache.data_ptr<float>();
+    S = k_cache.size(1);
+    L = k_cache.size(3);
+    max_position = cos.size(0);
+    layer_.resize(layers);
+  }
+
+  // role: "qkv", "o", "gate_up", "down" (layer >= 0), "head", "embed" (layer -1). Segments of
+  // one layer are appended in row order; a bias applies to the whole layer (given once).
+  void add_linear(int64_t layer, const std::string& role, at::Tensor blocks, int64_t format, int64_t cols,
+                  c10::optional<at::Tensor> row_scale, c10::optional<at::Tensor> bias) {
+    Linear& linear = linear_of(layer, role);
+    QWeight w = qweight_of(blocks, format, cols, row_scale, c10::nullopt);
+    TORCH_CHECK(linear.parts.empty() || linear.cols == cols, role, ": segments of different widths");
+    keep({blocks});
+    if (row_scale.has_value()) keep({*row_scale});
+    linear.parts.push_back(w);
+    linear.rows += w.rows;
+    linear.cols = cols;
+    if (bias.has_value()) {
+      TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous(), role, ": bias must be contiguous float32");
+      keep({*bias});
+      linear.bias = bias->data_ptr<float>();
+    }
+  }
+
+  // role: "input", "post" (layer >= 0), "final" (layer -1).
+  void add_norm(int64_t layer, const std::string& role, at::Tensor weight) {
+    TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous() && weight.numel() == D,
+                "norm weight: contiguous float32 [dim]");
+    keep({weight});
+    const float* p = weight.data_ptr<float>();
+    if (role == "final") final_norm = p;
+    else if (role == "input") layer_at(layer).input_norm = p;
+    else if (role == "post") layer_at(layer).post_norm = p;
+    else TORCH_CHECK(false, "unknown norm role ", role);
+  }
+
+  // tokens, positions, slots [B] int64 -> logits [B, V] float32; writes each layer's new k/v at
+  // (slot, position).
+  at::Tensor step(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots);
+
+  int64_t num_layers() const { return layers; }
+
+ private:
+  int64_t D, H, Hkv, d, I;
+  double eps;
+  int64_t window, layers, S = 0, L = 0, max_position = 0;
+  const float *cos_ = nullptr, *sin_ = nullptr, *final_norm = nullptr;
+  float *k_ = nullptr, *v_ = nullptr;
+  std::vector<Layer> layer_;
+  Linear head, embed;
+  std::vector<at::Tensor> owned_;
+  StepPool pool_;
+
+  void keep(std::initializer_list<at::Tensor> tensors) { owned_.insert(owned_.end(), tensors); }
+
+  Layer& layer_at(int64_t layer) {
+    TORCH_CHECK(layer >= 0 && layer < layers, "layer out of range");
+    return layer_[layer];
+  }
+
+  Linear& linear_of(int64_t layer, const std::string& role) {
+    if (role == "head") return head;
+    if (role == "embed") return embed;
+    Layer& l = layer_at(layer);
+    if (role == "qkv") return l.qkv;
+    if (role == "o") return l.o;
+    if (role == "gate_up") return l.gate_up;
+    if (role == "down") return l.down;
+    TORCH_CHECK(false, "unknown linear role ", role);
+  }
+
+  void check_complete() const {
+    TORCH_CHECK(final_norm && !head.parts.empty() && embed.parts.size() == 1 && embed.cols == D && head.cols == D,
+                "NativeDecoder: the head, embedding and final norm must be added before step()");
+    for (const Layer& l : layer_)
+      TORCH_CHECK(l.input_norm && l.post_norm && l.qkv.rows == (H + 2 * Hkv) * d && l.qkv.cols == D &&
+                      l.o.rows == D && l.o.cols == H * d && l.gate_up.rows == 2 * I && l.gate_up.cols == D &&
+                      l.down.rows == D && l.down.cols == I,
+                  "NativeDecoder: a layer is incomplete or of the wrong shape");
+  }
+
+  void embed_row(int64_t token, float* out) const { dequant_row(embed.parts[0], token, out); }
+
+  // residual += x (when given), then h = rmsnorm(residual) * weight, for each of the B rows.
+  void add_and_norm(float* residual, const float* x, const float* weight, float* out, int64_t B) const {
+    for (int64_t b = 0; b < B; ++b) {
+      float* r = residual + b * D;
+      if (x)
+        for (int64_t i = 0; i < D; ++i) r[i] += x[b * D + i];
+      rms_row(r, weight, eps, D, out + b * D);
+    }
+  }
+};
+
+
+// One decode step as phases for the StepPool: per layer (1) add + input norm, (2) qkv rows,
+// (3) attention per (sequence, kv head), (4) o_proj rows, (5) add + post norm, (6) gate and up
+// rows of the same intermediate indices, then silu(gate) * up, (7) down rows; then the final norm
+// and the LM head's rows. A phase starts when the previous one is complete.
+class StepWork : public PhasedWork {
+ public:
+  StepWork(NativeDecoder& m, int64_t B, const int64_t* tokens, const int64_t* positions, const int64_t* slots,
+           StepBuffers buffers, int threads)
+      : m(m), B(B), tokens(tokens), positions(positions), slots(slots), buf(buffers),
+        Nqkv((m.H + 2 * m.Hkv) * m.d), scratch(threads) {}
+
+  int64_t phases() const override { return m.layers * kPerLayer + 2; }
+
+  int64_t size(int64_t p) const override {
+    if (p >= m.layers * kPerLayer) return p == m.layers * kPerLayer ? 1 : chunks(m.head.rows, kHeadRows);
+    switch (p % kPerLayer) {
+      case 1: return chunks(Nqkv, kRows);
+      case 2: return B * m.Hkv;
+      case 3: case 6: return chunks(m.D, kRows);
+      case 5: return chunks(m.I, kRows);
+      default: return 1;  // the norms
+    }
+  }
+
+  void run(int64_t p, int64_t task, int worker) override {
+    const int64_t D = m.D, I = m.I;
+    if (p >= m.layers * kPerLayer) {
+      if (p == m.layers * kPerLayer) return m.add_and_norm(buf.residual, buf.delta, m.final_norm, buf.h, B);
+      const int64_t V = m.head.rows, n0 = task * kHeadRows;
+      return m.head.run(buf.h, B, buf.logits, V, n0, std::min(V, n0 + kHeadRows));
+    }
+    const int64_t l = p / kPerLayer;
+    const Layer& layer = m.layer_[l];
+    const int64_t n0 = task * kRows;
+    switch (p % kPerLayer) {
+      case 0: return m.add_and_norm(buf.residual, l == 0 ? nullptr : buf.delta, layer.input_norm, buf.h, B);
+      case 1: return layer.qkv.run(buf.h, B, buf.qkv, Nqkv, n0, std::min(Nqkv, n0 + kRows));
+      case 2: {
+        const int64_t stride = m.S * m.Hkv * m.L * m.d;
+        const AttentionArgs args{buf.qkv, buf.cos, buf.sin, m.k_ + l * stride, m.v_ + l * stride, slots, positions,
+                                 buf.attn, m.H, m.Hkv, m.d, m.L, m.window};
+        return attend_one(args, task, scratch[worker]);
+      }
+      case 3: return layer.o.run(buf.attn, B, buf.delta, D, n0, std::min(D, n0 + kRows));
+      case 4: return m.add_and_norm(buf.residual, buf.delta, layer.post_norm, buf.h, B);
+      case 5: {  // gate rows i and up rows I + i by the same task: silu(gate) * up needs no other phase
+        const int64_t i1 = std::min(I, n0 + kRows);
+        layer.gate_up.run(buf.h, B, buf.gate_up, 2 * I, n0, i1);
+        layer.gate_up.run(buf.h, B, buf.gate_up, 2 * I, I + n0, I + i1);
+        for (int64_t b = 0; b < B; ++b) {
+          const float *g = buf.gate_up + b * 2 * I, *u = g + I;
+          float* o = buf.act + b * I;
+          for (int64_t i = n0; i < i1; ++i) o[i] = g[i] / (1.f + fast_exp(-g[i])) * u[i];
+        }
+        return;
+      }
+      default: return layer.down.run(buf.act, B, buf.delta, D, n0, std::min(D, n0 + kRows));
+    }
+  }
+
+ private:
+  static constexpr int64_t kPerLayer = 7;
+  static constexpr int64_t kRows = 16;       // rows per task: a multiple of every row group of quant_matmul.h
+  static constexpr int64_t kHeadRows = 128;  // the LM head's tasks (49k-152k rows)
+  static int64_t chunks(int64_t rows, int64_t size) { return (rows + size - 1) / size; }
+
+  NativeDecoder& m;
+  const int64_t B;
+  const int64_t *tokens, *positions, *slots;
+  const StepBuffers buf;
+  const int64_t Nqkv;
+  std::vector<AttentionScratch> scratch;  // one per worker
+};
+
+at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots) {
+  check_complete();
+  const int64_t B = tokens.numel();
+  TORCH_CHECK(B > 0 && tokens.dim() == 1 && positions.sizes() == tokens.sizes() && slots.sizes() == tokens.sizes() &&
+                  tokens.scalar_type() == at::kLong && positions.scalar_type() == at::kLong &&
+                  slots.scalar_type() == at::kLong && tokens.is_contiguous() && positions.is_contiguous() &&
+                  slots.is_contiguous(),
+              "tokens, positions, slots: contiguous int64 [B]");
+  const int64_t *tok = tokens.data_ptr<int64_t>(), *pos = positions.data_ptr<int64_t>(), *slot = slots.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(tok[b] >= 0 && tok[b] < embed.rows, "token id out of range");
+    TORCH_CHECK(pos[b] >= 0 && pos[b] < L && pos[b] < max_position, "position out of range");
+    TORCH_CHECK(slot[b] >= 0 && slot[b] < S, "slot out of range");
+  }
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const int64_t Nqkv = (H + 2 * Hkv) * d, V = head.rows;
+  at::Tensor residual = at::empty({B, D}, f32), h = at::empty({B, D}, f32), delta = at::empty({B, D}, f32);
+  at::Tensor qkv = at::empty({B, Nqkv}, f32), attn = at::empty({B, H * d}, f32);
+  at::Tensor gate_up = at::empty({B, 2 * I}, f32), act = at::empty({B, I}, f32), logits = at::empty({B, V}, f32);
+  at::Tensor rope = at::empty({2, B, d}, f32);
+  float *res = residual.data_ptr<float>(), *hp = h.data_ptr<float>(), *dp = delta.data_ptr<float>();
+  float *qp = qkv.data_ptr<float>(), *ap = attn.data_ptr<float>(), *gp = gate_up.data_ptr<float>();
+  float *actp = act.data_ptr<float>(), *lp = logits.data_ptr<float>(), *cos_b = rope.data_ptr<float>();
+  float* sin_b = cos_b + B * d;
+  for (int64_t b = 0; b < B; ++b) {
+    std::memcpy(cos_b + b * d, cos_ + pos[b] * d, d * sizeof(float));
+    std::memcpy(sin_b + b * d, sin_ + pos[b] * d, d * sizeof(float));
+    embed_row(tok[b], res + b * D);
+  }
+  const int threads = std::max(1, at::get_num_threads());
+  StepWork work(*this, B, tok, pos, slot, {res, hp, dp, qp, ap, gp, actp, lp, cos_b, sin_b}, threads);
+  pool_.run(work, threads);
+  return logits;
+}
+
+}  // namespace voxlane
+
+TORCH_LIBRARY_FRAGMENT(voxlane, m) {
+  m.class_<voxlane::NativeDecoder>("NativeDecoder")
+      .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, int64_t, at::Tensor, at::Tensor,
+                       at::Tensor, at::Tensor>())
+      .def("add_linear", &voxlane::NativeDecoder::add_linear)
+      .def("add_norm", &voxlane::NativeDecoder::add_norm)
+      .def("step", &voxlane::NativeDecoder::step)
+      .def("num_layers", &voxlane::NativeDecoder::num_layers);
+}

@@ -1,0 +1,78 @@
+"""The one-call decode step: our ``Transformer`` described to ``torch.classes.voxlane.NativeDecoder``
+(engine/decode_step.cpp), which then runs a whole decode step, LM head included, in one C++ call.
+
+Every weight mode maps onto it: the GGUF's own blocks (``NativeLinear``), our per-channel int8
+(``Int8Linear``: format I8 with its row scales) and fp32 (``nn.Linear``). The pure-torch forward
+(``Transformer.forward``) stays the readable reference it is tested against.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from engine import gguf_formats as fmt
+from engine.model import KVCacheTensors, Transformer
+from engine.native_weights import NativeEmbedding, NativeLinear
+from engine.quant import Int8Embedding, Int8Linear
+
+
+def _as_bytes(weight: Tensor) -> Tensor:
+    """A contiguous [N, K] tensor seen as uint8 rows [N, K * itemsize] (no copy)."""
+    return weight.contiguous().view(torch.uint8)
+
+
+def linear_segments(module: nn.Module) -> tuple[list[tuple[Tensor, int, int, Tensor | None]], Tensor | None]:
+    """([(blocks, format, cols, row_scale)], bias) of one linear layer, in any weight mode."""
+    if isinstance(module, NativeLinear):
+        return [(p.blocks, p.format, p.cols, p.row_scale) for p in module.parts], module.bias
+    if isinstance(module, Int8Linear):
+        return [(_as_bytes(module.weight), fmt.I8, module.in_features, module.scales_f32)], module.bias
+    if isinstance(module, nn.Linear):
+        weight = module.weight.detach().float()
+        bias = None if module.bias is None else module.bias.detach().float().contiguous()
+        return [(_as_bytes(weight), fmt.F32, module.in_features, None)], bias
+    raise TypeError(f"no native form for {type(module).__name__}")
+
+
+def embedding_segment(module: nn.Module) -> tuple[Tensor, int, int, Tensor | None]:
+    if isinstance(module, NativeEmbedding):
+        w = module.weight_q
+        return w.blocks, w.format, w.cols, w.row_scale
+    if isinstance(module, Int8Embedding):
+        head = module.head[0]
+        return _as_bytes(head.weight), fmt.I8, head.in_features, head.scales_f32
+    if isinstance(module, nn.Embedding):
+        return _as_bytes(module.weight.detach().float()), fmt.F32, module.embedding_dim, None
+    raise TypeError(f"no native form for {type(module).__name__}")
+
+
+def supports(model: Transformer, cache: KVCacheTensors) -> bool:
+    """Whether the model can run the one-call step: kernels loaded, fp32 activations and cache."""
+    return (model.kernels is not None and cache.k.dtype == torch.float32 and model.norm.weight.dtype == torch.float32
+            and hasattr(torch.classes.voxlane, "NativeDecoder"))
+
+
+def build_decoder(model: Transformer, cache: KVCacheTensors):
+    """A ``NativeDecoder`` over the model's weights (shared, not copied) and the cache tensors."""
+    args = model.args
+    decoder = torch.classes.voxlane.NativeDecoder(
+        args.dim, args.num_heads, args.num_kv_heads, args.head_dim, args.intermediate_size, args.num_layers,
+        float(args.norm_eps), int(args.sliding_window or 0), model.rope_cos.contiguous(), model.rope_sin.contiguous(),
+        cache.k, cache.v)
+
+    def add(layer: int, role: str, module: nn.Module) -> None:
+        segments, bias = linear_segments(module)
+        for i, (blocks, format, cols, row_scale) in enumerate(segments):
+            decoder.add_linear(layer, role, blocks, format, cols, row_scale, bias if i == 0 else None)
+
+    for i, block in enumerate(model.layers):
+        decoder.add_norm(i, "input", block.input_norm.weight.detach())
+        decoder.add_norm(i, "post", block.post_attn_norm.weight.detach())
+        add(i, "qkv", block.attn.qkv)
+        add(i, "o", block.attn.o_proj)
+        add(i, "gate_up", block.mlp.gate_up)
+        add(i, "down", block.mlp.down_proj)
+    decoder.add_norm(-1, "final", model.norm.weight.detach())
+    add(-1, "head", model.lm_head)
+    decoder.add_linear(-1, "embed", *embedding_segment(model.embed), None)
+    return decoder

@@ -1,0 +1,213 @@
+"""Run a GGUF's quantized weights as they are stored (``EngineConfig(quant="native")``).
+
+The packaged models are already quantized (SmolLM2: Q4_1 blocks and a Q8_0 embedding; Qwen2.5:
+Q5_0, Q8_0, Q4_K, Q6_K). Dequantizing them and requantizing to per-channel int8 read ~1.8x the
+bytes and was less exact than the file; here every linear layer keeps the file's raw blocks and
+multiplies by them directly (``torch.ops.voxlane.quant_linear``, engine/quant_ops.cpp), with fp32
+activations and accumulation: logits equal the dequantized file's within float rounding.
+
+Our layout fuses q/k/v and gate/up; a fused layer is a list of row segments (``QuantWeight``s),
+one per format run (Qwen2.5-0.5B's v is Q8_0 in half the layers, its q and k Q5_0).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine import gguf_formats as fmt
+from engine.model import Transformer
+
+
+@dataclass
+class QuantWeight:
+    """One matrix's rows in a weight format: ``blocks`` uint8 [rows, row_bytes] as the file stores
+    them (``gguf_formats``); ``row_scale`` only for our I8 format."""
+
+    format: int
+    blocks: Tensor
+    cols: int
+    row_scale: Tensor | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.blocks.shape[0]
+
+    def dequantize(self) -> Tensor:
+        return fmt.dequantize(self.blocks, self.format, self.cols, self.row_scale)
+
+
+def concat_rows(parts: list[QuantWeight]) -> list[QuantWeight]:
+    """Adjacent segments of one format joined into one (rows of blocks stack as they are)."""
+    out: list[QuantWeight] = []
+    for part in parts:
+        if out and out[-1].format == part.format and out[-1].row_scale is None and part.row_scale is None:
+            out[-1] = QuantWeight(part.format, torch.cat([out[-1].blocks, part.blocks]), part.cols)
+        else:
+            out.append(part)
+    return out
+
+
+class NativeLinear(nn.Module):
+    """y = x @ W.T + b with W stored in its file's block format, as row segments (``parts``).
+
+    With the kernels: ``quant_linear`` per segment (fp32 in, fp32 accumulate, fp32 out). Without
+    (no compiler): the pure-torch twin, dequantize then ``F.linear`` (slow; same values).
+    """
+
+    def __init__(self, parts: list[QuantWeight], bias: Tensor | None, kernels=None):
+        super().__init__()
+        self.parts = concat_rows(parts)
+        self.in_features = self.parts[0].cols
+        self.out_features = sum(p.rows for p in self.parts)
+        self.kernels = kernels
+        for i, part in enumerate(self.parts):  # buffers, so weight_bytes() and .to() see them
+            self.register_buffer(f"blocks_{i}", part.blocks)
+        self.register_buffer("bias", None if bias is None else bias.float().contiguous())
+
+    def forward(self, x: Tensor) -> Tensor:
+        x2 = x.reshape(-1, self.in_features).float().contiguous()
+        if self.kernels is not None:
+            ys = [self.kernels.quant_linear(x2, p.blocks, p.format, p.cols, p.row_scale, None) for p in self.parts]
+            y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+            if self.bias is not None:
+                y += self.bias
+        else:
+            y = F.linear(x2, self.dequantize(), self.bias)
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def dequantize(self) -> Tensor:
+        """The whole weight in fp32 [N, K] (the reference the kernels are tested against)."""
+        return torch.cat([p.dequantize() for p in self.parts])
+
+
+class NativeEmbedding(nn.Module):
+    """Token embedding read from quantized rows (shared with a tied ``NativeLinear`` head)."""
+
+    def __init__(self, weight: QuantWeight, kernels=None):
+        super().__init__()
+        self.weight_q = weight
+        self.kernels = kernels
+        self.register_buffer("blocks", weight.blocks)  # counted once with a tied head (same storage)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        w, flat = self.weight_q, ids.reshape(-1)
+        if self.kernels is not None:
+            rows = self.kernels.quant_embedding(w.blocks, w.format, w.cols, w.row_scale, flat.contiguous())
+        else:
+            rows = fmt.dequantize(w.blocks[flat], w.format, w.cols,
+                                  None if w.row_scale is None else w.row_scale[flat])
+        return rows.view(*ids.shape, w.cols)
+
+
+def _unpermute_rows(blocks: Tensor, num_heads: int) -> Tensor:
+    """Undo llama.cpp's q/k row order for the ``llama`` architecture (its RoPE pairs adjacent
+    elements; HF's, and ours, the two halves): rows [heads, d/2, 2] -> [heads, 2, d/2]. A row
+    permutation, so the blocks move as they are."""
+    rows = blocks.shape[0]
+    return blocks.reshape(num_heads, rows // num_heads // 2, 2, -1).transpose(1, 2).reshape(rows, -1).contiguous()
+
+
+class GGUFTensors:
+    """A GGUF's tensors as ``QuantWeight`` (quantized matrices) or fp32 (norms, biases), each
+    copied out of the memory map (so the file can be closed and only what is used stays resident)."""
+
+    def __init__(self, path: Path):
+        import gguf
+
+        reader = gguf.GGUFReader(str(path))
+        self.architecture = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+        self.tensors = {t.name: t for t in reader.tensors}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def formats(self) -> set[int]:
+        return {int(t.tensor_type) for t in self.tensors.values()}
+
+    def quant(self, name: str, unpermute_heads: int = 0) -> QuantWeight:
+        info = self.tensors[name]
+        cols, rows = int(info.shape[0]), int(info.shape[1])  # GGUF lists dims fastest first
+        blocks = torch.from_numpy(info.data.copy()).view(torch.uint8).reshape(rows, -1)
+        if unpermute_heads:
+            blocks = _unpermute_rows(blocks, unpermute_heads)
+        return QuantWeight(int(info.tensor_type), blocks, cols)
+
+    def vector(self, name: str) -> Tensor:
+        info = self.tensors[name]
+        if int(info.tensor_type) != fmt.F32:
+            raise NotImplementedError(f"{name}: a quantized vector")
+        return torch.from_numpy(info.data.copy()).float().reshape(-1)
+
+
+def load_native_weights(model: Transformer, gguf_path: Path, kernels=None) -> Transformer:
+    """Fill a ``Transformer`` built on the meta device with a GGUF's weights as stored: norms and
+    biases fp32, every matrix a ``NativeLinear`` (the tied head shares the embedding's blocks)."""
+    args = model.args
+    tensors = GGUFTensors(gguf_path)
+    llama = tensors.architecture == "llama"
+    for format in tensors.formats():
+        if format not in fmt.GEOMETRY or format == fmt.I8:
+            raise NotImplementedError(f"{gguf_path.name}: weight format {format} is not supported by the native "
+                                      f"kernels ({', '.join(fmt.NAMES[f] for f in fmt.GEOMETRY if f != fmt.I8)})")
+    for i, block in enumerate(model.layers):
+        name = f"blk.{i}."
+        block.input_norm.weight = nn.Parameter(tensors.vector(name + "attn_norm.weight"), requires_grad=False)
+        block.post_attn_norm.weight = nn.Parameter(tensors.vector(name + "ffn_norm.weight"), requires_grad=False)
+        qkv = [tensors.quant(name + "attn_q.weight", args.num_heads if llama else 0),
+               tensors.quant(name + "attn_k.weight", args.num_kv_heads if llama else 0),
+               tensors.quant(name + "attn_v.weight")]
+        bias = None
+        if args.qkv_bias:
+            bias = torch.cat([tensors.vector(name + f"attn_{p}.bias") for p in "qkv"])
+        block.attn.qkv = NativeLinear(qkv, bias, kernels)
+        block.attn.o_proj = NativeLinear([tensors.quant(name + "attn_output.weight")], None, kernels)
+        block.mlp.gate_up = NativeLinear([tensors.quant(name + "ffn_gate.weight"), tensors.quant(name + "ffn_up.weight")],
+                                         None, kernels)
+        block.mlp.down_proj = NativeLinear([tensors.quant(name + "ffn_down.weight")], None, kernels)
+    model.norm.weight = nn.Parameter(tensors.vector("output_norm.weight"), requires_grad=False)
+    embedding = tensors.quant("token_embd.weight")
+    model.embed = NativeEmbedding(embedding, kernels)
+    head = embedding if "output.weight" not in tensors else tensors.quant("output.weight")
+    model.lm_head = NativeLinear([head], None, kernels)
+    del tensors  # closes the memory map: only the copies above stay resident
+    return model
+
+
+GGUF_LINK = "model.gguf"  # a model directory's GGUF (the file, or a link to the packaged one)
+
+
+def native_gguf_path(model_path: str | Path) -> Path:
+    """The GGUF whose blocks ``quant="native"`` runs: the path itself, or a directory's ``model.gguf``."""
+    path = Path(model_path)
+    if path.suffix == ".gguf" and path.is_file():
+        return path
+    if (path / GGUF_LINK).is_file():
+        return path / GGUF_LINK
+    raise FileNotFoundError(f"quant='native' runs a GGUF's own blocks, and {path} has no {GGUF_LINK}: "
+                            f"use quant='int8' for models that do not come as GGUF")
+
+
+def load_native_model(model_path: str | Path, max_seq_len: int | None = None, kernels=None) -> Transformer:
+    """Our ``Transformer`` (fp32 activations) with a GGUF's quantized weights as they are stored."""
+    from engine.loader import load_config, model_args_from_config
+    from engine.rope import rope_frequencies
+
+    gguf_path = native_gguf_path(model_path)
+    config = load_config(model_path)
+    args = model_args_from_config(config)
+    if args.o_bias or args.mlp_bias:
+        raise NotImplementedError("quant='native': o_proj / MLP biases are not read from GGUF files")
+    if max_seq_len is not None:
+        max_seq_len = min(max_seq_len, args.max_position_embeddings)
+    inv_freq, attention_factor = rope_frequencies(config, args.head_dim)
+    with torch.device("meta"):  # every weight comes from the file
+        model = Transformer(args, inv_freq, attention_factor, max_seq_len)
+    model.inv_freq = inv_freq.float()
+    model.kernels = kernels
+    load_native_weights(model, gguf_path, kernels)
+    model.set_rope_dtype(torch.float32)
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,140 @@
+// Matrix-vector products straight from a weight format's blocks (engine/gguf_blocks.h), for up
+// to 8 activation rows at once, fp32 activations and fp32 accumulation: the result is the exact
+// product with the file's dequantized weights (only the summation order differs).
+//
+// Why this shape: at batch 1-8 a linear layer's cost is reading its weights, so each block is
+// read once, expanded to fp32 in registers (never written out) and multiplied into every
+// activation row while it is there. R weight rows x MB activation rows of accumulators, chosen so
+// they fit AVX2's 16 registers: 4 x 1, 4 x 2, 2 x 3, 2 x 4, then 1 x 5..8.
+#pragma once
+
+#include <cstdint>
+
+#include "gguf_blocks.h"
+
+namespace voxlane {
+
+// One weight matrix as the kernels see it: rows x cols weights, each row ``row_bytes`` of blocks.
+struct QWeight {
+  const uint8_t* data = nullptr;
+  int64_t rows = 0, cols = 0, row_bytes = 0;
+  int64_t format = gguf::F32;
+  const float* row_scale = nullptr;  // I8: one scale per row
+  const float* bias = nullptr;       // [rows] or null
+};
+
+#if defined(VOXLANE_AVX2)
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+// sums[m * R + r] = dot(x row m, weight row r) for R consecutive weight rows starting at w.
+template <class B, int R, int MB>
+inline void dot_rows(const uint8_t* w, int64_t row_bytes, int64_t nblocks, const float* x, int64_t ldx,
+                     float* sums) {
+#if defined(VOXLANE_AVX2)
+  __m256 acc[R][MB];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MB; ++m) acc[r][m] = _mm256_setzero_ps();
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+    const float* xb = x + blk * B::QK;
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* wb = w + r * row_bytes + blk * B::BYTES;
+      // The next row group's same block: rows are a few hundred bytes, too short for the
+      // hardware prefetcher to get ahead within one.
+      _mm_prefetch(reinterpret_cast<const char*>(wb + R * row_bytes), _MM_HINT_T0);
+      B::expand(wb, [&](int g, __m256 wv) {
+        for (int m = 0; m < MB; ++m) acc[r][m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xb + m * ldx + 8 * g), acc[r][m]);
+      });
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MB; ++m) sums[m * R + r] = hsum(acc[r][m]);
+#else
+  float block[B::QK];
+  for (int i = 0; i < R * MB; ++i) sums[i] = 0.f;
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+    for (int r = 0; r < R; ++r) {
+      B::dequant(w + r * row_bytes + blk * B::BYTES, block);
+      for (int m = 0; m < MB; ++m) {
+        const float* xb = x + m * ldx + blk * B::QK;
+        float s = 0.f;
+        for (int i = 0; i < B::QK; ++i) s += block[i] * xb[i];
+        sums[m * R + r] += s;
+      }
+    }
+  }
+#endif
+}
+
+template <class B, int R, int MB>
+inline void rows_times(const QWeight& w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  const int64_t nblocks = w.cols / B::QK;
+  float sums[R * MB];
+  int64_t n = n0;
+  auto store = [&](int64_t row, int rr, int r_count) {
+    const float scale = w.row_scale ? w.row_scale[row] : 1.f, bias = w.bias ? w.bias[row] : 0.f;
+    for (int m = 0; m < MB; ++m) y[m * ldy + row] = sums[m * r_count + rr] * scale + bias;
+  };
+  for (; n + R <= n1; n += R) {
+    dot_rows<B, R, MB>(w.data + n * w.row_bytes, w.row_bytes, nblocks, x, ldx, sums);
+    for (int r = 0; r < R; ++r) store(n + r, r, R);
+  }
+  for (; n < n1; ++n) {
+    dot_rows<B, 1, MB>(w.data + n * w.row_bytes, w.row_bytes, nblocks, x, ldx, sums);
+    store(n, 0, 1);
+  }
+}
+
+// y[m, n] = x[m, :] . W[n, :] (* row_scale[n]) + bias[n] for rows n in [n0, n1) and M <= 8 rows of
+// x (row stride ldx; y's row stride ldy). Single-threaded: callers split [0, rows) among threads.
+template <class B>
+inline void matvec_format(const QWeight& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, int64_t n0,
+                          int64_t n1) {
+  switch (M) {
+    case 1: rows_times<B, 4, 1>(w, x, ldx, y, ldy, n0, n1); break;
+    case 2: rows_times<B, 4, 2>(w, x, ldx, y, ldy, n0, n1); break;
+    case 3: rows_times<B, 2, 3>(w, x, ldx, y, ldy, n0, n1); break;
+    case 4: rows_times<B, 2, 4>(w, x, ldx, y, ldy, n0, n1); break;
+    case 5: rows_times<B, 1, 5>(w, x, ldx, y, ldy, n0, n1); break;
+    case 6: rows_times<B, 1, 6>(w, x, ldx, y, ldy, n0, n1); break;
+    case 7: rows_times<B, 1, 7>(w, x, ldx, y, ldy, n0, n1); break;
+    default: rows_times<B, 1, 8>(w, x, ldx, y, ldy, n0, n1); break;
+  }
+}
+
+// Any M: groups of 8 rows of x (each group re-reads the weights).
+inline void matvec(const QWeight& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, int64_t n0,
+                   int64_t n1) {
+  gguf::with_format(w.format, [&](auto block) {
+    using B = decltype(block);
+    for (int64_t m = 0; m < M; m += 8)
+      matvec_format<B>(w, x + m * ldx, M - m < 8 ? M - m : 8, ldx, y + m * ldy, ldy, n0, n1);
+  });
+}
+
+// Row ``row`` of the weight, dequantized into out[cols] (the embedding lookup).
+inline void dequant_row(const QWeight& w, int64_t row, float* out) {
+  gguf::with_format(w.format, [&](auto block) {
+    using B = decltype(block);
+    const uint8_t* p = w.data + row * w.row_bytes;
+    for (int64_t b = 0; b < w.cols / B::QK; ++b) B::dequant(p + b * B::BYTES, out + b * B::QK);
+  });
+  if (w.row_scale)
+    for (int64_t i = 0; i < w.cols; ++i) out[i] *= w.row_scale[row];
+}
+
+// Block geometry of a format: (weights per block, bytes per block); (0, 0) if unknown.
+inline void block_geometry(int64_t format, int64_t& qk, int64_t& bytes) {
+  qk = bytes = 0;
+  gguf::with_format(format, [&](auto block) {
+    qk = decltype(block)::QK;
+    bytes = decltype(block)::BYTES;
+  });
+}
+
+}  // namespace voxlane

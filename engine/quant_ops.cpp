@@ -1,0 +1,92 @@
+// torch.ops.voxlane ops over weights kept in their file's block format (engine/gguf_blocks.h):
+//   quant_linear(x [M, K] f32, w uint8 [N, row_bytes], format, K, row_scale?, bias?) -> [M, N] f32
+//   quant_dequantize(w, format, K) -> [N, K] f32          (tests; the readable twin is in Python)
+//   quant_embedding(w, format, K, ids [n] int64) -> [n, K] f32
+// Registered next to the decode kernels of kernels.cpp (same library, built together).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "quant_matmul.h"
+
+namespace voxlane {
+
+QWeight qweight_of(const at::Tensor& w, int64_t format, int64_t cols, const c10::optional<at::Tensor>& row_scale,
+                   const c10::optional<at::Tensor>& bias) {
+  int64_t qk, bytes;
+  block_geometry(format, qk, bytes);
+  TORCH_CHECK(qk > 0, "unknown weight format ", format);
+  TORCH_CHECK(cols > 0 && cols % qk == 0, "cols ", cols, " is not a multiple of the format's block of ", qk);
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() && w.size(1) == cols / qk * bytes,
+              "w: contiguous uint8 [N, ", cols / qk * bytes, "] (the rows' blocks)");
+  QWeight q;
+  q.data = w.data_ptr<uint8_t>();
+  q.rows = w.size(0);
+  q.cols = cols;
+  q.row_bytes = w.size(1);
+  q.format = format;
+  if (row_scale.has_value()) {
+    TORCH_CHECK(row_scale->scalar_type() == at::kFloat && row_scale->numel() == q.rows && row_scale->is_contiguous(),
+                "row_scale: float32 [N]");
+    q.row_scale = row_scale->data_ptr<float>();
+  }
+  TORCH_CHECK(format != gguf::I8 || q.row_scale, "I8 weights need their row scales");
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == q.rows && bias->is_contiguous(),
+                "bias: float32 [N]");
+    q.bias = bias->data_ptr<float>();
+  }
+  return q;
+}
+
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t format, int64_t cols,
+                        const c10::optional<at::Tensor>& row_scale, const c10::optional<at::Tensor>& bias) {
+  const QWeight q = qweight_of(w, format, cols, row_scale, bias);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) == cols,
+              "x: contiguous float32 [M, ", cols, "]");
+  const int64_t M = x.size(0), N = q.rows;
+  at::Tensor y = at::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  constexpr int64_t kRowsPerTask = 16;  // a multiple of every row-group size of quant_matmul.h
+  at::parallel_for(0, (N + kRowsPerTask - 1) / kRowsPerTask, 1, [&](int64_t t0, int64_t t1) {
+    matvec(q, xp, M, cols, yp, N, t0 * kRowsPerTask, std::min(N, t1 * kRowsPerTask));
+  });
+  return y;
+}
+
+at::Tensor quant_dequantize(const at::Tensor& w, int64_t format, int64_t cols) {
+  const QWeight q = qweight_of(w, format, cols, c10::nullopt, c10::nullopt);
+  at::Tensor out = at::empty({q.rows, cols}, at::TensorOptions().dtype(at::kFloat));
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, q.rows, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) dequant_row(q, r, op + r * cols);
+  });
+  return out;
+}
+
+at::Tensor quant_embedding(const at::Tensor& w, int64_t format, int64_t cols, const c10::optional<at::Tensor>& row_scale,
+                           const at::Tensor& ids) {
+  const QWeight q = qweight_of(w, format, cols, row_scale, c10::nullopt);
+  TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong && ids.is_contiguous(), "ids: int64 [n]");
+  const int64_t n = ids.size(0);
+  const int64_t* idp = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(idp[i] >= 0 && idp[i] < q.rows, "token id out of range");
+  at::Tensor out = at::empty({n, cols}, at::TensorOptions().dtype(at::kFloat));
+  for (int64_t i = 0; i < n; ++i) dequant_row(q, idp[i], out.data_ptr<float>() + i * cols);
+  return out;
+}
+
+}  // namespace voxlane
+
+TORCH_LIBRARY_FRAGMENT(voxlane, m) {
+  m.def("quant_linear(Tensor x, Tensor w, int format, int cols, Tensor? row_scale, Tensor? bias) -> Tensor");
+  m.def("quant_dequantize(Tensor w, int format, int cols) -> Tensor");
+  m.def("quant_embedding(Tensor w, int format, int cols, Tensor? row_scale, Tensor ids) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(voxlane, CPU, m) {
+  m.impl("quant_linear", &voxlane::quant_linear);
+  m.impl("quant_dequantize", &voxlane::quant_dequantize);
+  m.impl("quant_embedding", &voxlane::quant_embedding);
+}
