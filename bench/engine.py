@@ -33,6 +33,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="shortened settings for tests (8 tokens, 1 run, batch 2 unless --batch says)")
     parser.add_argument("--in-process", action="store_true", help="run all groups in this process")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--peer", choices=["llama.cpp"], help="instead: our native-GGUF engine against a natively "
+                        "built llama.cpp on the same GGUF, alternating (builds llama.cpp once, ~6 min)")
+    parser.add_argument("--quant", default="native", help="our weights in the --peer comparison (native|int8)")
     parser.add_argument("--_group", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -166,6 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = resolve(args.model, "llm")
     settings = BenchSettings(tokens=args.tokens, runs=args.runs, batch=args.batch,
                              prefill_tokens=args.prefill_tokens, threads=args.threads)
+    if args.peer:
+        from bench.llama_cpp_peer import compare, format_peer
+        from engine.native_weights import native_gguf_path
+
+        result = compare(model_dir, native_gguf_path(model_dir), settings, args.quant, log=sys.stderr)
+        print(json.dumps(result, indent=2) if args.json else format_peer(result, settings))
+        return 0
     if args._group:  # child process of an isolated run
         print(json.dumps(run_group(args._group, model_dir, settings, args.quick)))
         return 0

@@ -72,9 +72,23 @@ struct AttentionScratch {
   std::vector<float> q, scores, inv_total;  // q [R, d], scores [R, n_keys]
 };
 
-// Task t = (sequence b, kv head g) = (t / Hkv, t % Hkv): writes that head's new k/v, then reads only
-// its own slot, each key and value once for all R query heads that share it.
-inline void attend_one(const AttentionArgs& a, int64_t t, AttentionScratch& scratch) {
+// Task t = (row b, kv head g) = (t / Hkv, t % Hkv): RoPE the row's new k and write it and its v
+// at (slot, kv head, position).
+inline void write_kv(const AttentionArgs& a, int64_t t) {
+  const int64_t H = a.H, Hkv = a.Hkv, d = a.d, L = a.L;
+  const int64_t b = t / Hkv, g = t % Hkv, pos = a.positions[b];
+  const float* src = a.qkv + b * a.row;
+  float* slot_keys = a.k_cache + ((a.slots[b] * Hkv + g) * L) * d;  // [L, d] of this slot and kv head
+  float* slot_values = a.v_cache + ((a.slots[b] * Hkv + g) * L) * d;
+  rope_into(src + (H + g) * d, a.cos + b * d, a.sin + b * d, d, slot_keys + pos * d);
+  std::copy(src + (H + Hkv + g) * d, src + (H + Hkv + g + 1) * d, slot_values + pos * d);
+}
+
+// Task t = (row b, kv head g): the R query heads of the row that share kv head g attend keys
+// first..position of the row's slot (written before: by earlier steps, or by write_kv for every
+// row of this call, which is what makes a prompt chunk's rows causal), each key and value read
+// once for all R heads.
+inline void attend(const AttentionArgs& a, int64_t t, AttentionScratch& scratch) {
   const int64_t H = a.H, Hkv = a.Hkv, d = a.d, L = a.L, R = H / Hkv;
   scratch.q.resize(R * d);
   scratch.inv_total.resize(R);
@@ -82,10 +96,8 @@ inline void attend_one(const AttentionArgs& a, int64_t t, AttentionScratch& scra
   const int64_t first = a.window > 0 ? std::max<int64_t>(0, pos + 1 - a.window) : 0, n_keys = pos + 1 - first;
   const float* src = a.qkv + b * a.row;
   const float *c = a.cos + b * d, *s = a.sin + b * d;
-  float* slot_keys = a.k_cache + ((a.slots[b] * Hkv + g) * L) * d;  // [L, d] of this slot and kv head
-  float* slot_values = a.v_cache + ((a.slots[b] * Hkv + g) * L) * d;
-  rope_into(src + (H + g) * d, c, s, d, slot_keys + pos * d);
-  std::copy(src + (H + Hkv + g) * d, src + (H + Hkv + g + 1) * d, slot_values + pos * d);
+  const float* slot_keys = a.k_cache + ((a.slots[b] * Hkv + g) * L) * d;
+  const float* slot_values = a.v_cache + ((a.slots[b] * Hkv + g) * L) * d;
   const float* keys = slot_keys + first * d;  // the n_keys attended: positions first..pos
   const float* values = slot_values + first * d;
   // HF's grouping: query head h = g * R + r uses kv head g.
@@ -120,6 +132,12 @@ inline void attend_one(const AttentionArgs& a, int64_t t, AttentionScratch& scra
       for (int64_t i = 0; i < d; ++i) out_r[i] += p * value[i];
     }
   }
+}
+
+// Both, for one new token per sequence (each row its own slot): the per-op decode_attention.
+inline void attend_one(const AttentionArgs& a, int64_t t, AttentionScratch& scratch) {
+  write_kv(a, t);
+  attend(a, t, scratch);
 }
 
 }  // namespace voxlane

@@ -17,6 +17,9 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <array>
+#include <atomic>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -58,7 +61,7 @@ class NativeDecoder;
 
 // The step's buffers (each [B, width] row-major).
 struct StepBuffers {
-  float *residual, *h, *delta, *qkv, *attn, *gate_up, *act, *logits, *cos, *sin;
+  float *residual, *h, *delta, *qkv, *attn, *gate_up, *act, *h_logits, *logits, *cos, *sin;
 };
 
 class NativeDecoder : public torch::CustomClassHolder {
@@ -118,11 +121,25 @@ class NativeDecoder : public torch::CustomClassHolder {
     else TORCH_CHECK(false, "unknown norm role ", role);
   }
 
-  // tokens, positions, slots [B] int64 -> logits [B, V] float32; writes each layer's new k/v at
-  // (slot, position).
-  at::Tensor step(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots);
+  // Rows of tokens, positions, slots [T] int64 (one per decoding sequence; a prompt chunk's tokens
+  // at consecutive positions of one slot) -> logits [n, V] float32 of the rows ``logit_rows`` [n];
+  // writes every row's k/v at (slot, position) of each layer.
+  at::Tensor step(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
+                  const at::Tensor& logit_rows);
 
   int64_t num_layers() const { return layers; }
+
+  // Profiling: CPU time summed over threads per phase kind (input norm, qkv, k/v write, attention,
+  // o_proj, post norm, gate/up + SiLU, down, final norm, LM head), in ms, since the last reset.
+  void set_profiling(bool on) {
+    profiling_ = on;
+    for (auto& t : profile_ns_) t.store(0);
+  }
+  std::vector<double> profile_ms() const {
+    std::vector<double> out;
+    for (const auto& t : profile_ns_) out.push_back(t.load() / 1e6);
+    return out;
+  }
 
  private:
   int64_t D, H, Hkv, d, I;
@@ -134,6 +151,8 @@ class NativeDecoder : public torch::CustomClassHolder {
   Linear head, embed;
   std::vector<at::Tensor> owned_;
   StepPool pool_;
+  bool profiling_ = false;
+  std::array<std::atomic<int64_t>, 10> profile_ns_{};
 
   void keep(std::initializer_list<at::Tensor> tensors) { owned_.insert(owned_.end(), tensors); }
 
@@ -177,111 +196,135 @@ class NativeDecoder : public torch::CustomClassHolder {
 };
 
 
-// One decode step as phases for the StepPool: per layer (1) add + input norm, (2) qkv rows,
-// (3) attention per (sequence, kv head), (4) o_proj rows, (5) add + post norm, (6) gate and up
-// rows of the same intermediate indices, then silu(gate) * up, (7) down rows; then the final norm
-// and the LM head's rows. A phase starts when the previous one is complete.
+// One step as phases for the StepPool. Rows are tokens: one per decoding sequence, and every token
+// of a prompt chunk (consecutive positions of one slot). Per layer: (0) add + input norm, (1) qkv,
+// (2) RoPE'd k and v written into the cache for every row, (3) attention of every row over its
+// slot's keys 0..position (after (2): a chunk's rows see each other causally), (4) o_proj,
+// (5) add + post norm, (6) gate and up rows of the same intermediate indices, then silu(gate) * up,
+// (7) down; then the final norm and the LM head, for the rows whose logits are wanted only.
+// Matrix phases hand out 16 weight rows per task, times every row of x (8 at a time, quant_matmul.h).
 class StepWork : public PhasedWork {
  public:
-  StepWork(NativeDecoder& m, int64_t B, const int64_t* tokens, const int64_t* positions, const int64_t* slots,
-           StepBuffers buffers, int threads)
-      : m(m), B(B), tokens(tokens), positions(positions), slots(slots), buf(buffers),
+  StepWork(NativeDecoder& m, int64_t T, const int64_t* positions, const int64_t* slots, const int64_t* logit_rows,
+           int64_t n_logits, StepBuffers buffers, int threads)
+      : m(m), T(T), positions(positions), slots(slots), logit_rows(logit_rows), n_logits(n_logits), buf(buffers),
         Nqkv((m.H + 2 * m.Hkv) * m.d), scratch(threads) {}
 
   int64_t phases() const override { return m.layers * kPerLayer + 2; }
 
   int64_t size(int64_t p) const override {
-    if (p >= m.layers * kPerLayer) return p == m.layers * kPerLayer ? 1 : chunks(m.head.rows, kHeadRows);
+    if (p >= m.layers * kPerLayer) return p == m.layers * kPerLayer ? 1 : (n_logits ? chunks(m.head.rows, kHeadRows) : 0);
     switch (p % kPerLayer) {
+      case 0: case 5: return chunks(T, kRows);
       case 1: return chunks(Nqkv, kRows);
-      case 2: return B * m.Hkv;
-      case 3: case 6: return chunks(m.D, kRows);
-      case 5: return chunks(m.I, kRows);
-      default: return 1;  // the norms
+      case 2: case 3: return T * m.Hkv;
+      case 6: return chunks(m.I, kRows);
+      default: return chunks(m.D, kRows);  // o_proj, down
     }
   }
 
+  // Task (p, task) with its CPU time added to the decoder's profile when profiling is on.
   void run(int64_t p, int64_t task, int worker) override {
-    const int64_t D = m.D, I = m.I;
+    if (!m.profiling_) return run_task(p, task, worker);
+    const auto start = std::chrono::steady_clock::now();
+    run_task(p, task, worker);
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
+    const int64_t kind = p >= m.layers * kPerLayer ? kPerLayer + (p - m.layers * kPerLayer) : p % kPerLayer;
+    m.profile_ns_[kind].fetch_add(ns.count(), std::memory_order_relaxed);
+  }
+
+  void run_task(int64_t p, int64_t task, int worker) {
+    const int64_t D = m.D, I = m.I, n0 = task * kRows;
     if (p >= m.layers * kPerLayer) {
-      if (p == m.layers * kPerLayer) return m.add_and_norm(buf.residual, buf.delta, m.final_norm, buf.h, B);
-      const int64_t V = m.head.rows, n0 = task * kHeadRows;
-      return m.head.run(buf.h, B, buf.logits, V, n0, std::min(V, n0 + kHeadRows));
+      if (p == m.layers * kPerLayer) {  // the final norm of the rows whose logits are wanted, gathered
+        for (int64_t i = 0; i < n_logits; ++i) {
+          const int64_t r = logit_rows[i];
+          m.add_and_norm(buf.residual + r * D, buf.delta + r * D, m.final_norm, buf.h_logits + i * D, 1);
+        }
+        return;
+      }
+      const int64_t V = m.head.rows, v0 = task * kHeadRows;
+      return m.head.run(buf.h_logits, n_logits, buf.logits, V, v0, std::min(V, v0 + kHeadRows));
     }
     const int64_t l = p / kPerLayer;
     const Layer& layer = m.layer_[l];
-    const int64_t n0 = task * kRows;
+    const int64_t stride = m.S * m.Hkv * m.L * m.d;
+    const AttentionArgs args{buf.qkv, buf.cos, buf.sin, m.k_ + l * stride, m.v_ + l * stride, slots, positions,
+                             buf.attn, m.H, m.Hkv, m.d, m.L, m.window};
+    const int64_t r0 = n0, r1 = std::min(T, n0 + kRows);  // the norms' rows
     switch (p % kPerLayer) {
-      case 0: return m.add_and_norm(buf.residual, l == 0 ? nullptr : buf.delta, layer.input_norm, buf.h, B);
-      case 1: return layer.qkv.run(buf.h, B, buf.qkv, Nqkv, n0, std::min(Nqkv, n0 + kRows));
-      case 2: {
-        const int64_t stride = m.S * m.Hkv * m.L * m.d;
-        const AttentionArgs args{buf.qkv, buf.cos, buf.sin, m.k_ + l * stride, m.v_ + l * stride, slots, positions,
-                                 buf.attn, m.H, m.Hkv, m.d, m.L, m.window};
-        return attend_one(args, task, scratch[worker]);
-      }
-      case 3: return layer.o.run(buf.attn, B, buf.delta, D, n0, std::min(D, n0 + kRows));
-      case 4: return m.add_and_norm(buf.residual, buf.delta, layer.post_norm, buf.h, B);
-      case 5: {  // gate rows i and up rows I + i by the same task: silu(gate) * up needs no other phase
+      case 0:
+        return m.add_and_norm(buf.residual + r0 * D, l == 0 ? nullptr : buf.delta + r0 * D, layer.input_norm,
+                              buf.h + r0 * D, r1 - r0);
+      case 1: return layer.qkv.run(buf.h, T, buf.qkv, Nqkv, n0, std::min(Nqkv, n0 + kRows));
+      case 2: return write_kv(args, task);
+      case 3: return attend(args, task, scratch[worker]);
+      case 4: return layer.o.run(buf.attn, T, buf.delta, D, n0, std::min(D, n0 + kRows));
+      case 5: return m.add_and_norm(buf.residual + r0 * D, buf.delta + r0 * D, layer.post_norm, buf.h + r0 * D, r1 - r0);
+      case 6: {  // gate rows i and up rows I + i by the same task: silu(gate) * up needs no other phase
         const int64_t i1 = std::min(I, n0 + kRows);
-        layer.gate_up.run(buf.h, B, buf.gate_up, 2 * I, n0, i1);
-        layer.gate_up.run(buf.h, B, buf.gate_up, 2 * I, I + n0, I + i1);
-        for (int64_t b = 0; b < B; ++b) {
+        layer.gate_up.run(buf.h, T, buf.gate_up, 2 * I, n0, i1);
+        layer.gate_up.run(buf.h, T, buf.gate_up, 2 * I, I + n0, I + i1);
+        for (int64_t b = 0; b < T; ++b) {
           const float *g = buf.gate_up + b * 2 * I, *u = g + I;
           float* o = buf.act + b * I;
           for (int64_t i = n0; i < i1; ++i) o[i] = g[i] / (1.f + fast_exp(-g[i])) * u[i];
         }
         return;
       }
-      default: return layer.down.run(buf.act, B, buf.delta, D, n0, std::min(D, n0 + kRows));
+      default: return layer.down.run(buf.act, T, buf.delta, D, n0, std::min(D, n0 + kRows));
     }
   }
 
  private:
-  static constexpr int64_t kPerLayer = 7;
+  static constexpr int64_t kPerLayer = 8;
   static constexpr int64_t kRows = 16;       // rows per task: a multiple of every row group of quant_matmul.h
   static constexpr int64_t kHeadRows = 128;  // the LM head's tasks (49k-152k rows)
   static int64_t chunks(int64_t rows, int64_t size) { return (rows + size - 1) / size; }
 
   NativeDecoder& m;
-  const int64_t B;
-  const int64_t *tokens, *positions, *slots;
+  const int64_t T;
+  const int64_t *positions, *slots, *logit_rows;
+  const int64_t n_logits;
   const StepBuffers buf;
   const int64_t Nqkv;
   std::vector<AttentionScratch> scratch;  // one per worker
 };
 
-at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots) {
+at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
+                               const at::Tensor& logit_rows) {
   check_complete();
-  const int64_t B = tokens.numel();
-  TORCH_CHECK(B > 0 && tokens.dim() == 1 && positions.sizes() == tokens.sizes() && slots.sizes() == tokens.sizes() &&
-                  tokens.scalar_type() == at::kLong && positions.scalar_type() == at::kLong &&
-                  slots.scalar_type() == at::kLong && tokens.is_contiguous() && positions.is_contiguous() &&
-                  slots.is_contiguous(),
-              "tokens, positions, slots: contiguous int64 [B]");
+  const int64_t T = tokens.numel(), n = logit_rows.numel();
+  auto int64_rows = [](const at::Tensor& t) { return t.dim() == 1 && t.scalar_type() == at::kLong && t.is_contiguous(); };
+  TORCH_CHECK(T > 0 && int64_rows(tokens) && int64_rows(positions) && int64_rows(slots) && int64_rows(logit_rows) &&
+                  positions.numel() == T && slots.numel() == T,
+              "tokens, positions, slots: contiguous int64 [T]; logit_rows: contiguous int64 [n]");
   const int64_t *tok = tokens.data_ptr<int64_t>(), *pos = positions.data_ptr<int64_t>(), *slot = slots.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(tok[b] >= 0 && tok[b] < embed.rows, "token id out of range");
-    TORCH_CHECK(pos[b] >= 0 && pos[b] < L && pos[b] < max_position, "position out of range");
-    TORCH_CHECK(slot[b] >= 0 && slot[b] < S, "slot out of range");
+  const int64_t* rows = logit_rows.data_ptr<int64_t>();
+  for (int64_t r = 0; r < T; ++r) {
+    TORCH_CHECK(tok[r] >= 0 && tok[r] < embed.rows, "token id out of range");
+    TORCH_CHECK(pos[r] >= 0 && pos[r] < L && pos[r] < max_position, "position out of range");
+    TORCH_CHECK(slot[r] >= 0 && slot[r] < S, "slot out of range");
   }
+  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(rows[i] >= 0 && rows[i] < T, "logit row out of range");
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   const int64_t Nqkv = (H + 2 * Hkv) * d, V = head.rows;
-  at::Tensor residual = at::empty({B, D}, f32), h = at::empty({B, D}, f32), delta = at::empty({B, D}, f32);
-  at::Tensor qkv = at::empty({B, Nqkv}, f32), attn = at::empty({B, H * d}, f32);
-  at::Tensor gate_up = at::empty({B, 2 * I}, f32), act = at::empty({B, I}, f32), logits = at::empty({B, V}, f32);
-  at::Tensor rope = at::empty({2, B, d}, f32);
-  float *res = residual.data_ptr<float>(), *hp = h.data_ptr<float>(), *dp = delta.data_ptr<float>();
-  float *qp = qkv.data_ptr<float>(), *ap = attn.data_ptr<float>(), *gp = gate_up.data_ptr<float>();
-  float *actp = act.data_ptr<float>(), *lp = logits.data_ptr<float>(), *cos_b = rope.data_ptr<float>();
-  float* sin_b = cos_b + B * d;
-  for (int64_t b = 0; b < B; ++b) {
-    std::memcpy(cos_b + b * d, cos_ + pos[b] * d, d * sizeof(float));
-    std::memcpy(sin_b + b * d, sin_ + pos[b] * d, d * sizeof(float));
-    embed_row(tok[b], res + b * D);
+  at::Tensor residual = at::empty({T, D}, f32), h = at::empty({T, D}, f32), delta = at::empty({T, D}, f32);
+  at::Tensor qkv = at::empty({T, Nqkv}, f32), attn = at::empty({T, H * d}, f32);
+  at::Tensor gate_up = at::empty({T, 2 * I}, f32), act = at::empty({T, I}, f32);
+  at::Tensor h_logits = at::empty({n, D}, f32), logits = at::empty({n, V}, f32), rope = at::empty({2, T, d}, f32);
+  float* cos_b = rope.data_ptr<float>();
+  float* sin_b = cos_b + T * d;
+  for (int64_t r = 0; r < T; ++r) {
+    std::memcpy(cos_b + r * d, cos_ + pos[r] * d, d * sizeof(float));
+    std::memcpy(sin_b + r * d, sin_ + pos[r] * d, d * sizeof(float));
+    embed_row(tok[r], residual.data_ptr<float>() + r * D);
   }
   const int threads = std::max(1, at::get_num_threads());
-  StepWork work(*this, B, tok, pos, slot, {res, hp, dp, qp, ap, gp, actp, lp, cos_b, sin_b}, threads);
+  const StepBuffers buffers{residual.data_ptr<float>(), h.data_ptr<float>(), delta.data_ptr<float>(),
+                            qkv.data_ptr<float>(), attn.data_ptr<float>(), gate_up.data_ptr<float>(),
+                            act.data_ptr<float>(), h_logits.data_ptr<float>(), logits.data_ptr<float>(), cos_b, sin_b};
+  StepWork work(*this, T, pos, slot, rows, n, buffers, threads);
   pool_.run(work, threads);
   return logits;
 }
@@ -295,5 +338,7 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("add_linear", &voxlane::NativeDecoder::add_linear)
       .def("add_norm", &voxlane::NativeDecoder::add_norm)
       .def("step", &voxlane::NativeDecoder::step)
-      .def("num_layers", &voxlane::NativeDecoder::num_layers);
+      .def("num_layers", &voxlane::NativeDecoder::num_layers)
+      .def("set_profiling", &voxlane::NativeDecoder::set_profiling)
+      .def("profile_ms", &voxlane::NativeDecoder::profile_ms);
 }

@@ -55,6 +55,8 @@ class ModelRunner:
         reading all the weights for a few rows. Packed along the token axis (``PackedBatch``), the
         linear layers read them once; attention still runs per chunk, over its own slot only.
         """
+        if self.fused_decode:
+            return self.prefill_and_decode(chunks, [], [], [])[0]
         batches = [self._prefill_batch(slot, start, len(ids)) for slot, ids, start, _ in chunks]
         lengths = [len(ids) for _, ids, _, _ in chunks]
         batch = batches[0] if len(chunks) == 1 else PackedBatch(batches, lengths)
@@ -72,13 +74,35 @@ class ModelRunner:
         return out
 
     @torch.inference_mode()
+    def prefill_and_decode(self, chunks: list[tuple[int, list[int], int, bool]], slots: list[int],
+                           token_ids: list[int], positions: list[int]) -> tuple[list[Tensor | None], Tensor]:
+        """Prompt chunks (as ``prefill_many``) and a decode batch (as ``decode``) in ONE native call,
+        so a prompt arriving while others decode costs no extra pass over the weights: every token is
+        a row with its own slot and position (a chunk's rows attend each other causally through the
+        cache). -> (each chunk's last-token logits or None, the decode rows' logits [B, V])."""
+        tokens = [t for _, ids, _, _ in chunks for t in ids] + list(token_ids)
+        rows_positions = [start + i for _, ids, start, _ in chunks for i in range(len(ids))] + list(positions)
+        rows_slots = [slot for slot, ids, _, _ in chunks for _ in ids] + list(slots)
+        ends = torch.tensor([len(ids) for _, ids, _, _ in chunks], dtype=torch.long).cumsum(0) - 1
+        wanted = [i for i, chunk in enumerate(chunks) if chunk[3]]
+        prompt_rows = sum(len(ids) for _, ids, _, _ in chunks)
+        logit_rows = torch.cat([ends[wanted], torch.arange(prompt_rows, prompt_rows + len(slots))])
+        logits = self.decoder.step(torch.tensor(tokens), torch.tensor(rows_positions), torch.tensor(rows_slots),
+                                   logit_rows)
+        for slot, ids, start, _ in chunks:
+            self.kv_cache.note_written(slot, start + len(ids))
+        for slot, position in zip(slots, positions):
+            self.kv_cache.note_written(slot, position + 1)
+        out: list[Tensor | None] = [None] * len(chunks)
+        for row, i in enumerate(wanted):
+            out[i] = logits[row]
+        return out, logits[len(wanted):]
+
+    @torch.inference_mode()
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> Tensor:
         """One new token per sequence (slots sorted ascending) -> logits [B, V]."""
         if self.fused_decode:
-            logits = self.decoder.step(torch.tensor(token_ids), torch.tensor(positions), torch.tensor(slots))
-            for slot, position in zip(slots, positions):
-                self.kv_cache.note_written(slot, position + 1)
-            return logits
+            return self.prefill_and_decode([], slots, token_ids, positions)[1]
         B = len(slots)
         pos = torch.tensor(positions).unsqueeze(1)  # [B, 1]
         L = max(positions) + 1

@@ -93,7 +93,7 @@ def test_one_call_decode_step_equals_generic_forward(ops, smollm2_dir, quant):
     batches of 1, 3 and 8 sequences of different lengths in scattered slots, decoded by the one
     native call, give the logits of the generic masked forward and the same cache contents."""
     if quant == "native":
-        model = load_native_model(smollm2_dir, 128, ops)
+        model = load_native_model(smollm2_dir, 128, ops)  # Q4_1 blocks, Q8_0 embedding and head
     else:
         model = load_model(smollm2_dir, torch.float32, 128)
         model.kernels = ops
@@ -123,6 +123,39 @@ def check_one_call_step(model, batches=(1, 3, 8)):
         assert torch.equal(logits[0].argmax(-1), logits[1].argmax(-1)), f"batch {B}"
         for fused_k, generic_k in zip(*caches):  # each slot's keys 0..position, the new one included
             assert (fused_k - generic_k).abs().max().item() < 1e-4, f"batch {B}"
+
+
+@pytest.fixture(scope="module")
+def native_model(ops, smollm2_dir):
+    return load_native_model(smollm2_dir, 128, ops)
+
+
+@pytest.mark.parametrize("B", [1, 3, 8])
+def test_mixed_prefill_and_decode_equals_separate_calls(native_model, B):
+    """A prompt arriving while B sequences decode: its chunk and the decode rows in one native call
+    give the logits and cache of a prefill call followed by a decode call."""
+    slots, lengths = SCATTERED_SLOTS[B], [6 + 5 * b for b in range(B)]
+    new_slot = 0 if 0 not in slots else 5
+    chunk = (new_slot, [(i * 13) % 3000 + 200 for i in range(21)], 0, True)
+    results = []
+    for mixed in (True, False):
+        cache = KVCache(native_model.args, 9, 128, torch.float32)
+        runner = ModelRunner(native_model, cache)
+        for slot, n in zip(slots, lengths):
+            runner.prefill(slot, [(slot * 37 + i * 11) % 4000 + 100 for i in range(n)], 0, want_logits=False)
+        decode = (slots, [1000 + b for b in range(B)], lengths)
+        if mixed:
+            (prompt_logits,), decode_logits = runner.prefill_and_decode([chunk], *decode)
+        else:
+            (prompt_logits,) = runner.prefill_many([chunk])
+            decode_logits = runner.decode(*decode)
+        results.append((prompt_logits, decode_logits, cache.tensors.k[:, new_slot, :, :21].clone(),
+                        [cache.tensors.k[:, s, :, : n + 1].clone() for s, n in zip(slots, lengths)]))
+    (p1, d1, k1, ks1), (p2, d2, k2, ks2) = results
+    assert (p1 - p2).abs().max().item() < 1e-4 * p2.abs().max().item()
+    assert (d1 - d2).abs().max().item() < 1e-4 * d2.abs().max().item()
+    assert (k1 - k2).abs().max().item() < 1e-4
+    assert all((a - b).abs().max().item() < 1e-4 for a, b in zip(ks1, ks2))
 
 
 def test_engine_without_kernels_uses_the_pure_torch_path(smollm2_dir):

@@ -103,3 +103,36 @@ def test_native_model_equals_the_dequantized_file(ops, smollm2_dir, hf_model):
         assert (logits - expected).abs().max().item() < 1e-3 * expected.abs().max().item()
         assert torch.equal(logits.argmax(-1), expected.argmax(-1))
     assert native.lm_head.parts[0].blocks.data_ptr() == native.embed.weight_q.blocks.data_ptr()  # tied: one copy
+
+
+@pytest.fixture(scope="module")
+def qwen_dir():
+    """The packaged Qwen2.5-0.5B model directory (config, tokenizer, model.gguf), when installed."""
+    from app import model_store
+
+    try:
+        return model_store.resolve("qwen2.5-0.5b-instruct", "llm")
+    except model_store.ModelError as error:
+        pytest.skip(f"Qwen2.5-0.5B not available here ({error}); SmolLM2 covers Q4_1/Q8_0 and the one-call step")
+
+
+def test_qwen_native_model_and_one_call_step(ops, qwen_dir):
+    """Qwen2.5-0.5B as stored (Q5_0, Q8_0, Q4_K, Q6_K, qkv biases, untied Q8_0 head): its logits
+    equal the fp32 model dequantized from the same file, and the one-call step (batch 1, 3, 8)
+    equals the generic forward."""
+    from engine.loader import load_model
+    from tests.engine.test_kernels import check_one_call_step
+
+    native = load_native_model(qwen_dir, 128, ops)
+    formats = {p.format for layer in native.layers for m in (layer.attn.qkv, layer.mlp.down_proj) for p in m.parts}
+    assert {fmt.Q5_0, fmt.Q8_0, fmt.Q4_K, fmt.Q6_K} <= formats
+    ids = torch.tensor([[151644, 872, 198, 3838, 374, 279, 6722, 315, 9625, 30, 151645, 198]])
+    positions = torch.arange(ids.shape[1])[None]
+    with torch.inference_mode():
+        got = native.logits(native(ids, positions))[0]
+        reference = load_model(qwen_dir / "model.gguf", torch.float32, 128)
+        expected = reference.logits(reference(ids, positions))[0]
+        del reference
+    assert (got - expected).abs().max().item() < 1e-3 * expected.abs().max().item()
+    assert torch.equal(got.argmax(-1), expected.argmax(-1))
+    check_one_call_step(native)
