@@ -244,7 +244,9 @@ def gguf_path(spec: str) -> Path:
 def _link_smollm2_gguf(target: Path) -> None:
     """``model.gguf`` in the prepared directory, a link to the packaged file: the engine's
     ``quant="native"`` runs its Q4_1/Q8_0 blocks as they are (the safetensors are dequantized fp32)."""
-    link = target / "model.gguf"
+    from engine.loader import GGUF_FILE_NAME
+
+    link = target / GGUF_FILE_NAME
     if link.is_file():
         return
     try:

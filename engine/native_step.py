@@ -39,8 +39,8 @@ def embedding_segment(module: nn.Module) -> tuple[Tensor, int, int, Tensor | Non
         w = module.weight_q
         return w.blocks, w.format, w.cols, w.row_scale
     if isinstance(module, Int8Embedding):
-        head = module.head[0]
-        return _as_bytes(head.weight), fmt.I8, head.in_features, head.scales_f32
+        table = module._shared[0] if hasattr(module, "_shared") else module.table
+        return _as_bytes(table.weight), fmt.I8, table.in_features, table.scales_f32
     if isinstance(module, nn.Embedding):
         return _as_bytes(module.weight.detach().float()), fmt.F32, module.embedding_dim, None
     raise TypeError(f"no native form for {type(module).__name__}")

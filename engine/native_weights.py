@@ -116,31 +116,30 @@ class GGUFTensors:
     copied out of the memory map (so the file can be closed and only what is used stays resident)."""
 
     def __init__(self, path: Path):
-        import gguf
+        from engine.gguf_file import GGUFFile
 
-        reader = gguf.GGUFReader(str(path))
-        self.architecture = bytes(reader.fields["general.architecture"].parts[-1]).decode()
-        self.tensors = {t.name: t for t in reader.tensors}
+        self.file = GGUFFile(path)
+        self.architecture = self.file.architecture
+        self.tensors = self.file.tensors
 
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
 
     def formats(self) -> set[int]:
-        return {int(t.tensor_type) for t in self.tensors.values()}
+        return {t.ggml_type for t in self.tensors.values()}
 
     def quant(self, name: str, unpermute_heads: int = 0) -> QuantWeight:
         info = self.tensors[name]
-        cols, rows = int(info.shape[0]), int(info.shape[1])  # GGUF lists dims fastest first
-        blocks = torch.from_numpy(info.data.copy()).view(torch.uint8).reshape(rows, -1)
+        rows, cols = info.shape  # torch order
+        blocks = torch.from_numpy(self.file.raw(name).copy()).reshape(rows, -1)
         if unpermute_heads:
             blocks = _unpermute_rows(blocks, unpermute_heads)
-        return QuantWeight(int(info.tensor_type), blocks, cols)
+        return QuantWeight(info.ggml_type, blocks, cols)
 
     def vector(self, name: str) -> Tensor:
-        info = self.tensors[name]
-        if int(info.tensor_type) != fmt.F32:
+        if self.tensors[name].ggml_type != fmt.F32:
             raise NotImplementedError(f"{name}: a quantized vector")
-        return torch.from_numpy(info.data.copy()).float().reshape(-1)
+        return self.file.dequantize(name).float().reshape(-1).contiguous()
 
 
 def load_native_weights(model: Transformer, gguf_path: Path, kernels=None) -> Transformer:
@@ -177,17 +176,16 @@ def load_native_weights(model: Transformer, gguf_path: Path, kernels=None) -> Tr
     return model
 
 
-GGUF_LINK = "model.gguf"  # a model directory's GGUF (the file, or a link to the packaged one)
-
-
 def native_gguf_path(model_path: str | Path) -> Path:
     """The GGUF whose blocks ``quant="native"`` runs: the path itself, or a directory's ``model.gguf``."""
+    from engine.loader import GGUF_FILE_NAME
+
     path = Path(model_path)
     if path.suffix == ".gguf" and path.is_file():
         return path
-    if (path / GGUF_LINK).is_file():
-        return path / GGUF_LINK
-    raise FileNotFoundError(f"quant='native' runs a GGUF's own blocks, and {path} has no {GGUF_LINK}: "
+    if (path / GGUF_FILE_NAME).is_file():  # the file, or (SmolLM2) a link to the packaged one
+        return path / GGUF_FILE_NAME
+    raise FileNotFoundError(f"quant='native' runs a GGUF's own blocks, and {path} has no {GGUF_FILE_NAME}: "
                             f"use quant='int8' for models that do not come as GGUF")
 
 

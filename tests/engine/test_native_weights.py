@@ -72,7 +72,7 @@ def test_smollm2_formats(ops, smollm2_tensors, name, format):
 
 @pytest.mark.parametrize("format", [fmt.Q5_0, fmt.Q8_0, fmt.Q4_K, fmt.Q6_K])
 def test_qwen_formats(ops, qwen_tensors, format):
-    name = next(n for n, t in qwen_tensors.tensors.items() if int(t.tensor_type) == format and len(t.shape) == 2)
+    name = next(n for n, t in qwen_tensors.tensors.items() if t.ggml_type == format and len(t.shape) == 2)
     check_format(ops, first_rows(qwen_tensors.quant(name)), format)
 
 
