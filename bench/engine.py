@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import asdict
 
-GROUPS = ("baseline", "fp32", "int8", "transformers-fp32", "transformers-int8", "llama-cpp", "conversation", "quality")
+GROUPS = ("baseline", "fp32", "int8", "native", "transformers-fp32", "transformers-int8", "llama-cpp", "conversation", "quality")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -60,6 +60,8 @@ def run_group(group: str, model_dir, settings, quick: bool) -> dict:
         return {"rows": rows.engine_rows(model_dir, "none", settings, "")}
     if group == "int8":
         return {"rows": rows.engine_rows(model_dir, "int8", settings, "INT8")}
+    if group == "native":  # the GGUF's own blocks (Q4_1 + Q8_0 for SmolLM2)
+        return {"rows": rows.engine_rows(model_dir, "native", settings, "native GGUF")}
     if group in ("transformers-fp32", "transformers-int8"):
         return {"rows": rows.transformers_rows(model_dir, settings, int8=group.endswith("int8"))}
     if group == "llama-cpp":
@@ -126,6 +128,8 @@ def ratios(result: dict) -> dict:
         "int8_batch_aggregate_vs_llama_cpp_q8_0_batch": div(batch_rate("+ INT8 + batching"),
                                                             batch_rate("llama.cpp (Q8_0")),
         "int8_weights_vs_fp32_weights": div(rate("+ INT8", "weights_mb"), rate("+ KV cache", "weights_mb")),
+        "native_vs_int8": div(rate("+ native GGUF"), int8),
+        "native_batch_aggregate_vs_native_batch1": div(batch_rate("+ native GGUF + batching"), rate("+ native GGUF")),
     }
     turns = result.get("conversation_ttft_ms")
     if turns and len(turns) > 1:

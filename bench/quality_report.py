@@ -1,4 +1,5 @@
-"""The benchmark's quality section: our INT8 and transformers' ``quantize_dynamic`` against fp32."""
+"""The benchmark's quality section: our native GGUF weights, our INT8 and transformers' ``quantize_dynamic``
+against fp32 (the fp32 model is the GGUF dequantized, so the native row should agree exactly)."""
 from __future__ import annotations
 
 import warnings
@@ -9,11 +10,13 @@ import torch
 from bench.quality import QUALITY_PROMPTS, compare
 from engine.kernels import load_kernels
 from engine.loader import load_model, load_tokenizer
+from engine.native_weights import load_native_model
 from engine.quant import quantize_int8
 
 
 def quality_report(model_dir, num_prompts: int = 5, num_tokens: int = 48) -> dict:
-    """{"engine int8": QualityReport dict, "engine int8, pure-torch path": ..., "quantize_dynamic int8": ...}
+    """{"engine native GGUF": QualityReport dict (when the model has a GGUF), "engine int8": ...,
+    "engine int8, pure-torch path": ..., "quantize_dynamic int8": ...}
     on the fixed prompt set."""
     from transformers import AutoModelForCausalLM
 
@@ -23,7 +26,14 @@ def quality_report(model_dir, num_prompts: int = 5, num_tokens: int = 48) -> dic
     stop = {tokenizer.eos_token_id}
     reference = load_model(model_dir, torch.float32)
     report = {}
-    kernels = load_kernels()  # None on a machine without them: the pure-torch row is then the engine's
+    kernels = load_kernels()
+    try:
+        native = load_native_model(model_dir, None, kernels)
+    except FileNotFoundError:  # a model that does not come as GGUF
+        native = None
+    if native is not None:
+        report["engine native GGUF"] = asdict(compare(reference, native, prompts, num_tokens, stop))
+        del native  # None on a machine without them: the pure-torch row is then the engine's
     paths = ([("engine int8", kernels)] if kernels is not None else []) + [("engine int8, pure-torch path", None)]
     for name, kernels in paths:
         ours = load_model(model_dir, torch.float32)

@@ -11,11 +11,12 @@ from bench import engine as bench
 
 def test_bench_quick_json(capsys):
     assert bench.main(["--quick", "--batch", "8", "--json", "--groups",
-                       "baseline,fp32,int8,transformers-int8,conversation,quality"]) == 0
+                       "baseline,fp32,int8,native,transformers-int8,conversation,quality"]) == 0
     result = json.loads(capsys.readouterr().out)
     names = [r["name"] for r in result["rows"]]
     assert names == ["baseline (no KV cache)", "+ KV cache", "+ batching (batch 8)", "+ INT8",
-                     "+ INT8 + batching (batch 8)", "transformers generate, int8 quantize_dynamic",
+                     "+ INT8 + batching (batch 8)", "+ native GGUF", "+ native GGUF + batching (batch 8)",
+                     "transformers generate, int8 quantize_dynamic",
                      "transformers generate, int8 quantize_dynamic (batch 8)"]
     for r in result["rows"]:
         assert r["tok_s_aggregate"] > 0 and r["ms_per_token"] > 0 and r["rss_mb"] > 0
@@ -31,11 +32,14 @@ def test_bench_quick_json(capsys):
     # one stream; a scheduler that ran one stream at a time would give 1. (Not the wall-clock
     # aggregate: at load average 20 on these 2 cores it measured 0.53x and 0.99x batch 1, against
     # 4.5x on a quiet machine, README; threads that wait on each other suffer most.)
-    for single, batched in (("+ KV cache", "+ batching (batch 8)"), ("+ INT8", "+ INT8 + batching (batch 8)")):
+    for single, batched in (("+ KV cache", "+ batching (batch 8)"), ("+ INT8", "+ INT8 + batching (batch 8)"),
+                            ("+ native GGUF", "+ native GGUF + batching (batch 8)")):
         assert rows[single]["tokens_per_step"] <= 1.2 and rows[batched]["tokens_per_step"] >= 4, \
             (rows[single], rows[batched])
     assert len(result["conversation_ttft_ms"]) == 2
-    assert set(result["quality"]) == {"engine int8", "engine int8, pure-torch path", "quantize_dynamic int8"}
+    assert set(result["quality"]) == {"engine native GGUF", "engine int8", "engine int8, pure-torch path",
+                                      "quantize_dynamic int8"}
+    assert result["quality"]["engine native GGUF"]["top1_agreement"] == 1.0  # the file's own weights
 
 
 def test_bench_table_and_arguments(capsys):

@@ -1,0 +1,87 @@
+"""Where the milliseconds of one decode step go: ``python -m bench.decode_profile``.
+
+Runs ``--steps`` decode steps of ``--batch`` sequences (after a short prefill) through the engine's
+runner and prints the wall time per step and, for the one native call, the CPU time per phase kind
+summed over threads (``NativeDecoder.set_profiling``); ``--torch-profiler`` prints torch's operator
+table instead (what a step of the per-op paths spends, and how many ATen calls it makes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+PHASES = ("input norm", "qkv", "k/v write", "attention", "o_proj", "post norm", "gate/up + SiLU", "down",
+          "final norm", "LM head")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.decode_profile", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--quant", default="native", help="none | int8 | native")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--torch-profiler", action="store_true", help="torch's operator table of the steps")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    from app.model_store import resolve
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
+
+    torch.set_num_threads(args.threads)
+    engine = LLMEngine(resolve(args.model, "llm"), EngineConfig(quant=args.quant, max_seq_len=512,
+                                                                 num_slots=max(args.batch, 1),
+                                                                 max_batch_size=max(args.batch, 1),
+                                                                 num_threads=args.threads), background=False)
+    runner = engine.runner
+    slots = list(range(args.batch))
+    for slot in slots:
+        runner.prefill(slot, [100 + 7 * slot + i for i in range(40)], 0, want_logits=False)
+
+    def steps(n: int) -> float:
+        start = time.perf_counter()
+        for i in range(n):
+            runner.decode(slots, [200 + i] * len(slots), [40 + i] * len(slots))
+        return (time.perf_counter() - start) / n * 1e3
+
+    steps(4)  # warm-up
+    decoder = getattr(runner, "decoder", None)
+    result: dict = {"quant": args.quant, "batch": args.batch, "threads": args.threads, "load_avg": os.getloadavg()[0]}
+    if args.torch_profiler:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            result["ms_per_step"] = steps(args.steps)
+        events = prof.key_averages()
+        result["aten_calls_per_step"] = sum(e.count for e in events if e.key.startswith("aten::")) / args.steps
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+    else:
+        if decoder is not None:
+            decoder.set_profiling(True)
+        result["ms_per_step"] = steps(args.steps)
+        if decoder is not None:
+            result["cpu_ms_per_step_by_phase"] = {name: ms / args.steps for name, ms in
+                                                  zip(PHASES, decoder.profile_ms())}
+            decoder.set_profiling(False)
+        table = ""
+    engine.close()
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{args.quant}, batch {args.batch}, {args.threads} threads: {result['ms_per_step']:.2f} ms per step "
+          f"(wall), 1-min load average {result['load_avg']:.1f}")
+    if "aten_calls_per_step" in result:
+        print(f"ATen calls per step: {result['aten_calls_per_step']:.0f}\n{table}")
+    for name, ms in result.get("cpu_ms_per_step_by_phase", {}).items():
+        print(f"  {name:16s} {ms:7.3f} ms CPU per step")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The llama.cpp peer: the commands it runs and how it reads their output (stand-in tools print
+output recorded from the real llama-bench / llama-batched-bench; building the real ones takes
+minutes, so the build itself is exercised by ``voxlane bench engine --peer llama.cpp``, not here)."""
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+from types import SimpleNamespace
+
+from bench import llama_cpp_build, llama_cpp_peer
+
+LLAMA_BENCH_JSON = [{"model_type": "llama 256M Q4_1", "n_prompt": 0, "n_gen": 16, "n_threads": 2,
+                     "flash_attn": 1, "avg_ts": 201.5, "samples_ts": [201.5]}]
+BATCHED_JSONL = ('{"n_kv_max": 512, "pp": 43, "tg": 8, "pl": 2, "n_kv": 102, "t_pp": 0.171, "speed_pp": 502.9, '
+                 '"t_tg": 0.0645, "speed_tg": 248.0, "t": 0.2355, "speed": 433.1}')
+
+
+def fake_tool(directory: Path, name: str, output: str) -> Path:
+    """A script that records its arguments and prints ``output``."""
+    script = directory / name
+    script.write_text(f"#!/bin/sh\necho \"$@\" > {directory / (name + '.args')}\ncat <<'EOF'\n{output}\nEOF\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script
+
+
+def test_llama_bench_and_batched_bench_are_run_and_read(tmp_path):
+    fake_tool(tmp_path, "llama-bench", json.dumps(LLAMA_BENCH_JSON))
+    fake_tool(tmp_path, "llama-batched-bench", "main: n_kv_max = 512\n" + BATCHED_JSONL)
+    gguf = tmp_path / "model.gguf"
+    assert llama_cpp_peer.llama_bench(tmp_path, gguf, 2, 0, 16) == 201.5
+    args = (tmp_path / "llama-bench.args").read_text().split()
+    assert args == ["-m", str(gguf), "-p", "0", "-n", "16", "-t", "2", "-fa", "1", "-r", "1", "-o", "json"]
+    assert abs(llama_cpp_peer.llama_batched(tmp_path, gguf, 2, 43, 8, 2) - 2 * 8 / 0.2355) < 1e-6
+    args = (tmp_path / "llama-batched-bench.args").read_text().split()
+    assert args[args.index("-npp") + 1] == "43" and args[args.index("-npl") + 1] == "2"
+
+
+def test_build_cache_is_keyed_by_version_flags_and_cpu(monkeypatch, tmp_path):
+    monkeypatch.setattr(llama_cpp_build.Path, "home", lambda: tmp_path)
+    key_dir = llama_cpp_build.cache_dir()
+    assert key_dir.parent == tmp_path / ".cache" / "voxlane" / "llama.cpp"
+    assert llama_cpp_build.built_tools() is None  # nothing built yet: build() would download and compile
+    (key_dir / "bin").mkdir(parents=True)
+    for tool in llama_cpp_build.TOOLS:
+        (key_dir / "bin" / tool).write_text("")
+    assert llama_cpp_build.built_tools() == key_dir / "bin"
+    assert llama_cpp_build.build() == key_dir / "bin"  # cached: returns at once
+    monkeypatch.setattr(llama_cpp_build, "cpu_flags", lambda: "another cpu")
+    assert llama_cpp_build.cache_dir() != key_dir
+
+
+def test_peer_table_states_ratios_and_load():
+    result = {"gguf": "model.gguf", "quant": "native", "load_avg": [1.0, 2.0],
+              "ours": {"decode_tok_s": 240.0, "ttft_ms": 30.0, "prefill_tok_s": 900.0, "batch8_tok_s": 700.0},
+              "llama.cpp": {"decode_tok_s": 200.0, "ttft_ms": 45.0, "prefill_tok_s": 600.0, "batch8_tok_s": 350.0},
+              "ratios": {"decode_tok_s": 1.2, "ttft_ms": 1.5, "prefill_tok_s": 1.5, "batch8_tok_s": 2.0}}
+    table = llama_cpp_peer.format_peer(result, SimpleNamespace(batch=8, runs=3, threads=2, tokens=128))
+    assert "| decode tok/s, batch 1 | 240.0 | 200.0 | 1.20x |" in table
+    assert "batch 8 aggregate" in table and "load average 1.0 at start, 2.0 at end" in table
