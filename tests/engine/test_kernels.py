@@ -122,7 +122,7 @@ def check_one_call_step(model, batches=(1, 3, 8)):
         assert (logits[0] - logits[1]).abs().max().item() < 1e-4 * logits[1].abs().max().item(), f"batch {B}"
         assert torch.equal(logits[0].argmax(-1), logits[1].argmax(-1)), f"batch {B}"
         for fused_k, generic_k in zip(*caches):  # each slot's keys 0..position, the new one included
-            assert (fused_k - generic_k).abs().max().item() < 1e-4, f"batch {B}"
+            assert (fused_k - generic_k).abs().max().item() < 1e-5 * (1 + generic_k.abs().max().item()), f"batch {B}"
 
 
 @pytest.fixture(scope="module")
