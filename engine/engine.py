@@ -263,23 +263,26 @@ class LLMEngine:
         for seq in plan.cancelled:
             self._close(seq)
         new_tokens = 0
-        if plan.prefills:
-            # A chunk that ends its prompt wants logits: they pick the sequence's first new token.
-            chunks = [(seq.slot, seq.prompt_ids[start:end], start, end == len(seq.prompt_ids))
-                      for seq, start, end in plan.prefills]
-            for (seq, _, end), logits in zip(plan.prefills, self.runner.prefill_many(chunks)):
-                seq.num_cached = end
-                if logits is not None and seq.probe_ids is not None:
-                    self._finish_probe(seq, logits)
-                elif logits is not None:
-                    new_tokens += self._postprocess([seq], logits[None])
-        if plan.decode:
-            seqs = plan.decode
-            logits = self.runner.decode([s.slot for s in seqs], [s.last_token for s in seqs],
-                                        [s.num_tokens - 1 for s in seqs])
+        # A chunk that ends its prompt wants logits: they pick the sequence's first new token.
+        chunks = [(seq.slot, seq.prompt_ids[start:end], start, end == len(seq.prompt_ids))
+                  for seq, start, end in plan.prefills]
+        seqs = plan.decode
+        decode = ([s.slot for s in seqs], [s.last_token for s in seqs], [s.num_tokens - 1 for s in seqs])
+        if chunks and seqs and self.runner.fused_decode:  # one pass over the weights for both
+            prefill_logits, decode_logits = self.runner.prefill_and_decode(chunks, *decode)
+        else:
+            prefill_logits = self.runner.prefill_many(chunks) if chunks else []
+            decode_logits = self.runner.decode(*decode) if seqs else None
+        for (seq, _, end), logits in zip(plan.prefills, prefill_logits):
+            seq.num_cached = end
+            if logits is not None and seq.probe_ids is not None:
+                self._finish_probe(seq, logits)
+            elif logits is not None:
+                new_tokens += self._postprocess([seq], logits[None])
+        if seqs:
             for seq in seqs:
                 seq.num_cached += 1
-            new_tokens += self._postprocess(seqs, logits)
+            new_tokens += self._postprocess(seqs, decode_logits)
         self._steps += 1
         self._record(new_tokens)
 

@@ -131,3 +131,26 @@ def test_prompt_forms(fp32_engine, prompt_kind):
     ids = fp32_engine.encode(GREEDY_PROMPTS[0])
     prompt = ids if prompt_kind == "ids" else fp32_engine.tokenizer.decode(ids)
     assert _run_alone(fp32_engine, prompt).output_ids == _run_alone(fp32_engine, GREEDY_PROMPTS[0]).output_ids
+
+
+def test_a_prompt_arriving_mid_decode_shares_the_step_and_changes_nothing(fp32_engine, monkeypatch):
+    """The fp32 engine's one native call: a prompt submitted while others decode is prefilled in the
+    same call as their decode rows (runner.prefill_and_decode), and every answer is the one it gets
+    alone."""
+    alone = [_run_alone(fp32_engine, p).output_ids for p in GREEDY_PROMPTS]
+    mixed_calls = []
+    original = fp32_engine.runner.prefill_and_decode
+
+    def counting(chunks, slots, *rest):
+        if chunks and slots:
+            mixed_calls.append((len(chunks), len(slots)))
+        return original(chunks, slots, *rest)
+
+    monkeypatch.setattr(fp32_engine.runner, "prefill_and_decode", counting)
+    first = [fp32_engine.submit(p, GREEDY) for p in GREEDY_PROMPTS[:2]]
+    for _ in range(3):
+        fp32_engine.step()
+    late = fp32_engine.submit(GREEDY_PROMPTS[2], GREEDY)
+    fp32_engine.run_until_idle()
+    assert [s.output_ids for s in first + [late]] == alone
+    assert mixed_calls and mixed_calls[0] == (1, 2)
