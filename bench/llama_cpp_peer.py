@@ -68,7 +68,7 @@ class OurEngine:
         return self.engine.tokenizer.encode(text, add_special_tokens=False)[:n]
 
     def _run(self, ids: list[int], tokens: int):
-        from engine.sampling import SamplingParams
+        from engine.sampling_params import SamplingParams
 
         stream = self.engine.submit(ids, SamplingParams(temperature=0.0, max_tokens=tokens), ignore_eos=True)
         stream.text()
@@ -86,7 +86,7 @@ class OurEngine:
         return stream.prompt_tokens / stream.ttft_s
 
     def batch_tok_s(self, seed: int) -> float:
-        from engine.sampling import SamplingParams
+        from engine.sampling_params import SamplingParams
 
         greedy = SamplingParams(temperature=0.0, max_tokens=self.settings.tokens)
         start = time.perf_counter()

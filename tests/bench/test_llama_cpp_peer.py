@@ -58,3 +58,24 @@ def test_peer_table_states_ratios_and_load():
     table = llama_cpp_peer.format_peer(result, SimpleNamespace(batch=8, runs=3, threads=2, tokens=128))
     assert "| decode tok/s, batch 1 | 240.0 | 200.0 | 1.20x |" in table
     assert "batch 8 aggregate" in table and "load average 1.0 at start, 2.0 at end" in table
+
+
+def test_compare_measures_our_engine_against_the_tools_alternating(monkeypatch, tmp_path, smollm2_dir):
+    """The whole comparison with our real engine (native weights) and stand-in llama.cpp tools: each
+    figure of both sides, ratios oriented so > 1 favours ours."""
+    from bench.engine_rows import BenchSettings
+    from engine.native_weights import native_gguf_path
+
+    fake_tool(tmp_path, "llama-bench", json.dumps(LLAMA_BENCH_JSON))
+    fake_tool(tmp_path, "llama-batched-bench", BATCHED_JSONL)
+    monkeypatch.setattr(llama_cpp_peer, "build_llama_cpp", lambda: tmp_path)
+    monkeypatch.setattr(llama_cpp_peer, "PREFILL_PROMPT", 64)  # 512 in the real run; the same code path
+    settings = BenchSettings(tokens=4, runs=1, batch=2, threads=2)
+    result = llama_cpp_peer.compare(smollm2_dir, native_gguf_path(smollm2_dir), settings)
+    assert set(result["ours"]) == set(result["llama.cpp"]) == {"decode_tok_s", "ttft_ms", "prefill_tok_s",
+                                                               "batch2_tok_s"}
+    assert all(value > 0 for value in result["ours"].values())
+    assert result["llama.cpp"]["decode_tok_s"] == 201.5
+    ours, theirs = result["ours"]["ttft_ms"], result["llama.cpp"]["ttft_ms"]
+    assert result["ratios"]["ttft_ms"] == round(theirs / ours, 2)
+    assert [len(v) for v in result["samples"]["ours"].values()] == [1, 1, 1, 1]
