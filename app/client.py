@@ -85,9 +85,10 @@ async def start_session(ws, sample_rate: int, persona: str | None, token: str, t
     return ready
 
 
-async def stream_wav(ws, pcm: np.ndarray, rate: int, is_realtime: bool, marks: dict, tail_s: float = 1.5) -> None:
+async def stream_wav(ws, pcm: np.ndarray, rate: int, is_realtime: bool, marks: dict, tail_s: float = 2.0) -> None:
     """Sends the question in 20 ms frames, then ``tail_s`` of silence so the server's VAD hears
-    the end of the turn (as it would from a live microphone). ``marks["speech_sent"]`` is when
+    the end of the turn (as it would from a live microphone): at least the persona's
+    ``long_silence_ms`` (1.6 s), which a question that sounds unfinished waits for. ``marks["speech_sent"]`` is when
     the question's last sample went out: the client's "the user stopped talking"."""
     frame = rate * FRAME_MS // 1000
     audio = np.concatenate([pcm, np.zeros(int(tail_s * rate), np.int16)])

@@ -104,7 +104,7 @@ async def _client(url: str, index: int, keyword: str, wav: Path, num_turns: int,
             for turn in range(num_turns):
                 marks: dict = {}
                 if turn < num_spoken:
-                    sender = asyncio.create_task(stream_wav(ws, pcm, rate, is_realtime, marks, tail_s=1.0))
+                    sender = asyncio.create_task(stream_wav(ws, pcm, rate, is_realtime, marks))
                     result = await collect_turn(ws, timeout_s, None, marks)
                     await sender
                 else:  # a typed turn: the same question as text
