@@ -204,15 +204,20 @@ def test_browser_hands_free_barge_in_by_voice(server, playwright, smollm2_dir, t
         context.close()
     gen = min(int(g) for g in stats["heard"] if stats["heard"][g] > 0)  # turn 1's reply, heard in part
     assert any(i["reason"] == "barge-in" and i["gen"] > gen for i in stats["interruptions"]), stats["interruptions"]
-    # Reply audio was playing when the user started speaking again: a pause came while the page
-    # showed "speaking" with part of turn 1 heard ...
+    # Reply audio was playing when the user started speaking again: a pause came with part of
+    # turn 1 heard ...
     pauses = [p for p in stats["pauses"] if p["heard"].get(str(gen), 0) > 0]
     assert pauses, f"no pause while turn {gen} played: {stats['pauses']}"
     heard_at_pause, heard_final = pauses[-1]["heard"][str(gen)], stats["heard"][str(gen)]
     rate = next(a["sample_rate"] for a in stats["audio"] if a["gen"] == gen)
     print(f"\nturn {gen}: {heard_at_pause:.0f} samples heard when paused (state {pauses[0]['state']!r}), "
           f"{heard_final:.0f} in the end; user turns {users}")
-    assert pauses[0]["state"] == "speaking"
+    # The reply was still going: turn 1 had not finished (no "turn" message for it yet), and no
+    # more of it had played than the server had sent. (Not the page's "speaking" at that instant:
+    # on a loaded machine a long next chunk can come late, the buffer runs dry and the page shows
+    # "listening" mid-reply: seen at load 6 with 1.3 s heard.)
+    sent = max(a["start_sample"] + a["samples"] for a in stats["audio"] if a["gen"] == gen)
+    assert gen not in pauses[-1]["finished"] and heard_at_pause <= sent, (pauses[-1], sent)
     # ... and nothing more of it played after the pause, beyond what was already in the audio
     # device's buffer when the pause message came (a few 128-sample render quanta: < 0.2 s).
     assert 0 <= heard_final - heard_at_pause < 0.2 * rate

@@ -9,7 +9,7 @@
     connected: false, state: "idle", ready: null, errors: [], turns: [],
     playedSamples: 0, nonSilentSamples: 0, peak: 0, firstSoundMs: {}, audioChunks: 0,
     interruptions: [], heard: {}, flushAcks: 0,
-    pauses: [], // each "playback: pause": the state shown and the samples heard of each turn at that moment
+    pauses: [], // each "playback: pause": the state shown, the samples heard of each turn and the turns finished at that moment
     audio: [], // the last 200 "audio" headers (gen, chunk_index, start_sample, samples, text, sample_rate)
   });
   const MAX_AUDIO_HEADERS = 200;
@@ -243,7 +243,8 @@
           for (const gen of Object.keys(this.botBubbles)) if (+gen < m.gen) this.botBubbles[gen].classList.add("vx-interrupted");
           break;
         case "playback":
-          if (m.action === "pause") stats.pauses.push({ gen: m.gen, state: stats.state, heard: Object.assign({}, stats.heard) });
+          if (m.action === "pause") stats.pauses.push({ gen: m.gen, state: stats.state, heard: Object.assign({}, stats.heard),
+                                                 finished: stats.turns.map(t => t.gen) });
           this.paused = m.action === "pause";
           this.audio.setPaused(this.paused);
           this.render();
