@@ -1,4 +1,5 @@
-"""``ModelRunner``: turns a step plan into model forwards (packed prefill chunks, batched decode).
+"""``ModelRunner``: turns a step plan into model forwards (packed prefill chunks, batched decode)
+and sampled tokens.
 
 It owns the model and the cache tensors and builds each forward's ``AttentionBatch``: where the new
 k/v go, which cache rows are read, and the boolean mask (only what differing lengths need). With the
@@ -8,20 +9,38 @@ each sequence reads exactly its own length.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 from torch import Tensor
 
 from engine import native_step
 from engine.kv_cache import KVCache
 from engine.model import AttentionBatch, PackedBatch, Transformer, visible_keys
+from engine.sampler import Sampler, probability_of
+from engine.scheduler import StepPlan
+from engine.sequence import Sequence
+
+
+@dataclass
+class RunResult:
+    """What one plan's forwards produced: a sampled token per sequence that has one, for a probe
+    request whose prompt is now cached P(next token in its probe ids) instead, and the sequences
+    whose own sampling settings made sampling raise (each with its error)."""
+
+    tokens: list[tuple[Sequence, int]] = field(default_factory=list)
+    probes: list[tuple[Sequence, float]] = field(default_factory=list)
+    failed: list[tuple[Sequence, Exception]] = field(default_factory=list)
 
 
 class ModelRunner:
-    """Runs prefill chunks and decode batches of our ``Transformer`` against a ``KVCache``."""
+    """Runs prefill chunks and decode batches of our ``Transformer`` against a ``KVCache``, and
+    samples each sequence's next token from the logits."""
 
-    def __init__(self, model: Transformer, kv_cache: KVCache, compile: bool = False):
+    def __init__(self, model: Transformer, kv_cache: KVCache, sampler: Sampler | None = None, compile: bool = False):
         self.model = model
         self.kv_cache = kv_cache
+        self.sampler = sampler or Sampler()
         # The one-call decode step needs the model's kernels (torch.ops.voxlane) and fp32 activations.
         self.fused_decode = native_step.supports(model, kv_cache.tensors)
         self.decoder = native_step.build_decoder(model, kv_cache.tensors) if self.fused_decode else None
@@ -30,6 +49,48 @@ class ModelRunner:
         if compile:
             # dynamic=True: batch size and cache length change every step; one graph for all.
             self._decode_forward = torch.compile(model.forward, dynamic=True)
+
+    def run(self, plan: StepPlan) -> RunResult:
+        """The plan's forwards -> a sampled token for each prompt chunk that ends its prompt (its
+        logits pick the first new token; a probe's give its probability instead) and for each
+        sequence of the decode batch. Prompt chunks and decode rows are one native call when the
+        runner has the one-call step (one pass over the weights for both), else two forwards."""
+        result = RunResult()
+        # A chunk that ends its prompt wants logits: they pick the sequence's first new token.
+        chunks = [(seq.slot, seq.prompt_ids[start:end], start, end == len(seq.prompt_ids))
+                  for seq, start, end in plan.prefills]
+        seqs = plan.decode
+        decode = ([s.slot for s in seqs], [s.last_token for s in seqs], [s.num_tokens - 1 for s in seqs])
+        if chunks and seqs and self.fused_decode:
+            prefill_logits, decode_logits = self.prefill_and_decode(chunks, *decode)
+        else:
+            prefill_logits = self.prefill_many(chunks) if chunks else []
+            decode_logits = self.decode(*decode) if seqs else None
+        for (seq, _, _), logits in zip(plan.prefills, prefill_logits):
+            if logits is None:
+                continue
+            if seq.probe_ids is not None:
+                result.probes.append((seq, probability_of(logits, seq.probe_ids)))
+            else:
+                self._sample(logits[None], [seq], result)
+        if seqs:
+            self._sample(decode_logits, seqs, result)
+        return result
+
+    def _sample(self, logits: Tensor, seqs: list[Sequence], result: RunResult) -> None:
+        """One token per sequence from logits [B, V], the whole batch at once. When that raises (a
+        row's own settings, e.g. a seed torch cannot take), the rows are sampled one by one and only
+        the failing sequence goes to ``result.failed``: a fault one request causes is its own."""
+        try:
+            result.tokens += zip(seqs, self.sampler.sample(logits, seqs))
+            return
+        except Exception:  # some row's own settings: sample row by row to find it
+            pass
+        for i, seq in enumerate(seqs):
+            try:
+                result.tokens.append((seq, self.sampler.sample(logits[i:i + 1], [seq])[0]))
+            except Exception as error:
+                result.failed.append((seq, error))
 
     def _prefill_batch(self, slot: int, start: int, T: int) -> AttentionBatch:
         """Where a chunk of T prompt tokens at positions start.. of ``slot`` writes and reads."""

@@ -37,6 +37,14 @@ def filter_top_k_top_p(logits: Tensor, top_k: int, top_p: float) -> Tensor:
     return logits
 
 
+def probability_of(logits: Tensor, token_ids: frozenset[int]) -> float:
+    """P(next token in ``token_ids``) from logits [V] (a probe request's answer)."""
+    if not token_ids:
+        return 0.0
+    probs = logits.float().softmax(-1)
+    return float(probs[torch.tensor(sorted(token_ids), dtype=torch.long)].sum())
+
+
 class Sampler:
     """Per-sequence sampling inside one batch; ``generators`` hold seeded RNG state by sequence id."""
 

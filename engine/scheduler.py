@@ -5,7 +5,8 @@ while the batch has room and a slot can be had (continuous batching: admission h
 any two steps), and (3) plans the step: prefill *chunks* of the oldest prompts, at most
 ``prefill_chunk_tokens`` in all (so a long prompt only delays running streams by one chunk per
 step; prompts that arrive together share one forward), and one decode token for every sequence
-past its prompt.
+past its prompt. After the step ran, ``postprocess`` records what was cached and finishes the
+sequences that ended.
 """
 from __future__ import annotations
 
@@ -64,6 +65,16 @@ class Scheduler:
                 budget -= end - seq.num_cached
         plan.decode = sorted((s for s in self.running if not s.is_prefilling), key=lambda s: s.slot)
         return plan
+
+    def postprocess(self, plan: StepPlan, finished: list[tuple[Sequence, str]]) -> None:
+        """After ``plan`` ran: the k/v it wrote are cached (this is the only place ``num_cached``
+        moves after admission), and the sequences that ended with it are finished."""
+        for seq, _, end in plan.prefills:
+            seq.num_cached = end
+        for seq in plan.decode:
+            seq.num_cached += 1  # the k/v of the token it fed
+        for seq, reason in finished:
+            self.finish(seq, reason)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End a running sequence; its slot keeps the tokens whose k/v were written (for a session)."""

@@ -2,38 +2,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import AsyncIterator, Iterator
 
 from engine.backends.base import Message
 from engine.config import EngineConfig
 from engine.engine import EngineStats, LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.stream import TokenStream
-
-
-class EngineCompletion:
-    """One streaming answer: iterate (or ``async for``) for text deltas; ``cancel()`` from any thread
-    ends it at the next engine step and frees its slot (a session keeps what was cached)."""
-
-    def __init__(self, stream: TokenStream):
-        self.stream = stream
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.stream)
-
-    def __aiter__(self) -> AsyncIterator[str]:
-        return self.stream.__aiter__()
-
-    def cancel(self) -> None:
-        self.stream.cancel()
-
-    @property
-    def finish_reason(self) -> str | None:
-        return self.stream.finish_reason
-
-    @property
-    def ttft_s(self) -> float | None:
-        return self.stream.ttft_s
 
 
 class EngineBackend:
@@ -49,8 +23,11 @@ class EngineBackend:
         self.config = config or EngineConfig()
         self.engine = LLMEngine(model_dir, self.config, background=True)
 
-    def generate(self, messages: list[Message], sampling: SamplingParams, session: str | None = None) -> EngineCompletion:
-        return EngineCompletion(self.engine.submit(messages, sampling, session=session))
+    def generate(self, messages: list[Message], sampling: SamplingParams, session: str | None = None) -> TokenStream:
+        """The engine's stream is the completion: iterate (or ``async for``) for text deltas;
+        ``cancel()`` from any thread ends it at the next step and frees its slot (a session keeps
+        what was cached)."""
+        return self.engine.submit(messages, sampling, session=session)
 
     def prefill(self, messages: list[Message], session: str | None = None,
                 probe_ids: frozenset[int] | None = None) -> float | None:

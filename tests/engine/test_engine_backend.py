@@ -27,7 +27,7 @@ def test_protocol_and_conversation_turns(backend):
         assert isinstance(completion, Completion)
         answer = "".join(completion)
         assert answer and completion.finish_reason in ("stop", "length")
-        ttfts.append(completion.stream.cached_tokens)
+        ttfts.append(completion.cached_tokens)
         history.append({"role": "assistant", "content": answer})
     assert ttfts[0] == 0 and ttfts[1] > 0 and ttfts[2] > ttfts[1]  # later turns reuse the cache
     assert backend.count_tokens(history) > 30 and backend.context_length == 512
@@ -68,7 +68,7 @@ def test_sentence_end_probe_reads_unfinished_words_and_leaves_the_prefill_for_th
     open_ids = backend.engine.encode_open_user_turn([system, {"role": "user", "content": "How many legs does a spider have"}])
     answer = backend.generate([system, {"role": "user", "content": "How many legs does a spider have?"}],
                               SamplingParams(temperature=0, max_tokens=4), session="probe-1")
-    assert "".join(answer) and answer.stream.cached_tokens >= len(open_ids) - 1
+    assert "".join(answer) and answer.cached_tokens >= len(open_ids) - 1
     assert backend.stats().slots_busy == 0 and backend.engine.num_open_requests == 0
     backend.end_session("probe-1")
     assert backend.probe_sentence_end([system, {"role": "user", "content": "  "}]) is None

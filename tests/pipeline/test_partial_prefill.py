@@ -36,9 +36,9 @@ def answer(engine_llm, session: str, partials: list[str], enabled: bool = True):
 def test_partials_leave_only_the_last_words_to_prefill_and_the_same_answer(engine_llm):
     text, (messages, generation) = answer(engine_llm, "partial-talk", PARTIALS)
     prompt = engine_llm.count_tokens(messages)
-    assert prompt - generation.stream.cached_tokens <= 8  # "?" , end of turn, the assistant header
+    assert prompt - generation.cached_tokens <= 8  # "?" , end of turn, the assistant header
     fresh, (_, fresh_generation) = answer(engine_llm, "fresh-talk", PARTIALS, enabled=False)
-    assert fresh_generation.stream.cached_tokens < generation.stream.cached_tokens
+    assert fresh_generation.cached_tokens < generation.cached_tokens
     assert text == fresh and "Paris" in text
     for session in ("partial-talk", "fresh-talk"):
         engine_llm.end_session(session)

@@ -52,11 +52,11 @@ def first_turn(engine_llm, session: str, is_prewarm_enabled: bool, system_prefix
 
 def test_the_system_prompt_is_prefilled_when_the_session_starts(engine_llm):
     turn, system = first_turn(engine_llm, "prewarm-on", is_prewarm_enabled=True)
-    print(f"\nprewarmed: first turn {turn.stream.prompt_tokens} prompt tokens, {turn.stream.cached_tokens} found "
+    print(f"\nprewarmed: first turn {turn.prompt_tokens} prompt tokens, {turn.cached_tokens} found "
           f"cached (system prompt {system})")
-    assert turn.stream.cached_tokens > 0.8 * system  # the system prompt was not computed again
+    assert turn.cached_tokens > 0.8 * system  # the system prompt was not computed again
     # Without it the first turn prefills everything (a prompt of its own: the engine keeps shared
     # rows of earlier prompts, and only the template's first tokens are common).
     cold, system = first_turn(engine_llm, "prewarm-off", is_prewarm_enabled=False, system_prefix="Prewarm is off. ")
-    print(f"not prewarmed: {cold.stream.cached_tokens} of {cold.stream.prompt_tokens} found cached")
-    assert cold.stream.cached_tokens < 0.2 * system
+    print(f"not prewarmed: {cold.cached_tokens} of {cold.prompt_tokens} found cached")
+    assert cold.cached_tokens < 0.2 * system
