@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             decoder.set_profiling(True)
         result["ms_per_step"] = steps(args.steps)
         if decoder is not None:
+            result["solo_steps"] = decoder.solo_steps()  # steps on one thread: helpers stalled (load)
             result["cpu_ms_per_step_by_phase"] = {name: ms / args.steps for name, ms in
                                                   zip(PHASES, decoder.profile_ms())}
             decoder.set_profiling(False)
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=2))
         return 0
     print(f"{args.quant}, batch {args.batch}, {args.threads} threads: {result['ms_per_step']:.2f} ms per step "
-          f"(wall), 1-min load average {result['load_avg']:.1f}")
+          f"(wall), 1-min load average {result['load_avg']:.1f}"
+          + (f", {result['solo_steps']} steps on one thread (helpers stalled)" if "solo_steps" in result else ""))
     if "aten_calls_per_step" in result:
         print(f"ATen calls per step: {result['aten_calls_per_step']:.0f}\n{table}")
     for name, ms in result.get("cpu_ms_per_step_by_phase", {}).items():

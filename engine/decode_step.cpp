@@ -129,6 +129,10 @@ class NativeDecoder : public torch::CustomClassHolder {
 
   int64_t num_layers() const { return layers; }
 
+  // Steps run on one thread because helper threads stalled under contention (engine/step_pool.h).
+  int64_t solo_steps() const { return pool_.solo_steps(); }
+  void set_stall_fallback(bool on) { pool_.set_stall_fallback(on); }
+
   // Profiling: CPU time summed over threads per phase kind (input norm, qkv, k/v write, attention,
   // o_proj, post norm, gate/up + SiLU, down, final norm, LM head), in ms, since the last reset.
   void set_profiling(bool on) {
@@ -339,6 +343,8 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("add_norm", &voxlane::NativeDecoder::add_norm)
       .def("step", &voxlane::NativeDecoder::step)
       .def("num_layers", &voxlane::NativeDecoder::num_layers)
+      .def("solo_steps", &voxlane::NativeDecoder::solo_steps)
+      .def("set_stall_fallback", &voxlane::NativeDecoder::set_stall_fallback)
       .def("set_profiling", &voxlane::NativeDecoder::set_profiling)
       .def("profile_ms", &voxlane::NativeDecoder::profile_ms);
 }

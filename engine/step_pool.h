@@ -8,6 +8,13 @@
 // one counter: a thread that is paused while holding no task delays nobody, and one paused holding
 // a task delays the others by that one task. The calling thread works too; helpers spin briefly
 // between steps, then sleep (so they do not compete with torch's own threads between steps).
+//
+// Under contention even that costs more than a second thread brings: a helper paused mid-task
+// holds up every phase after it for a time slice (measured at load 5-6 on the 2 cores: 17 tok/s on
+// 2 threads against 42 on one). So the calling thread times its waits for others' tasks; a wait
+// longer than kStallNs (1 ms) is a paused thread, not a slow task, and when such stalls take more than a
+// quarter of a step the next kSoloSteps steps run on the calling thread alone, then two are tried
+// again. Results do not depend on the thread count (each output is computed by one task).
 #pragma once
 
 #include <algorithm>
@@ -59,6 +66,13 @@ class StepPool {
   // Runs all of work's phases with `threads` threads (this one included); returns when all are done.
   void run(PhasedWork& work, int threads) {
     threads = std::max(threads, 1);
+    if (threads > 1 && solo_left_ > 0 && stall_fallback_) {
+      --solo_left_;
+      ++solo_steps_;
+      threads = 1;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    stalled_ns_ = 0;
     const int64_t phases = work.phases();
     bounds_.assign(phases + 1, 0);
     for (int64_t p = 0; p < phases; ++p) bounds_[p + 1] = bounds_[p] + work.size(p);
@@ -83,8 +97,16 @@ class StepPool {
       wake_.notify_all();
     }
     participate(0);
-    int64_t spins = 0;
-    while (completed_.load(std::memory_order_acquire) < total) backoff(spins);
+    wait_until([&] { return completed_.load(std::memory_order_acquire) >= total; }, true);
+    if (threads > 1 && stalled_ns_ * 4 > elapsed_ns(start)) solo_left_ = kSoloSteps;
+  }
+
+  // Steps run on the calling thread alone because helpers stalled (see the header).
+  int64_t solo_steps() const { return solo_steps_; }
+  // Off: always the threads asked for (A/B measurements of the fallback itself).
+  void set_stall_fallback(bool on) {
+    stall_fallback_ = on;
+    solo_left_ = 0;
   }
 
  private:
@@ -101,6 +123,30 @@ class StepPool {
   PhasedWork* work_ = nullptr;
   uint32_t generation_ = 0;
   std::atomic<int> active_helpers_{0};  // helpers 1..active_helpers_ take part in the current step
+  // 1 ms: about a scheduler time slice (EEVDF: 0.75 ms x (1 + log2 CPUs)); a task of a 256-token
+  // prefill chunk takes ~0.4 ms on one core, and a stall counts only past a quarter of the step.
+  static constexpr int64_t kStallNs = 1000000;
+  static constexpr int kSoloSteps = 64;
+  bool stall_fallback_ = true;
+  int solo_left_ = 0;        // steps still to run alone
+  int64_t solo_steps_ = 0;   // steps run alone so far
+  int64_t stalled_ns_ = 0;   // this step: the calling thread's waits longer than kStallNs
+
+  static int64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since).count();
+  }
+
+  // Spins (then yields) until ready(); the calling thread (timed) adds a long wait to stalled_ns_.
+  template <class Ready> void wait_until(Ready&& ready, bool timed) {
+    if (ready()) return;
+    const auto since = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    int64_t spins = 0;
+    while (!ready()) backoff(spins);
+    if (timed) {
+      const int64_t ns = elapsed_ns(since);
+      if (ns > kStallNs) stalled_ns_ += ns;
+    }
+  }
 
   static void backoff(int64_t& spins) {
     if (++spins < 4096) VOXLANE_PAUSE();
@@ -117,7 +163,7 @@ class StepPool {
   // Take tickets until the step has none left. Tickets of a finished generation carry an index
   // past their task count, so a late thread does nothing with them.
   void participate(int worker) {
-    int64_t phase = 0, spins = 0;
+    int64_t phase = 0;
     for (;;) {
       const uint64_t ticket = ticket_.fetch_add(1, std::memory_order_acq_rel);
       const int64_t total = int64_t((ticket >> kIndexBits) & kIndexMask), index = int64_t(ticket & kIndexMask);
@@ -125,8 +171,8 @@ class StepPool {
       while (bounds_[phase + 1] <= index) ++phase;  // tickets rise, so the phase only moves forward
       if (phase > 0) {
         const int64_t needed = bounds_[phase] - bounds_[phase - 1];
-        spins = 0;
-        while (done_[phase - 1].load(std::memory_order_acquire) < needed) backoff(spins);
+        const auto* done = &done_[phase - 1];
+        wait_until([&] { return done->load(std::memory_order_acquire) >= needed; }, worker == 0);
       }
       work_->run(phase, index - bounds_[phase], worker);
       done_[phase].fetch_add(1, std::memory_order_acq_rel);

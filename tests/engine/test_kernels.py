@@ -4,6 +4,7 @@ a machine that cannot build them falls back to the pure-torch path."""
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 import torch
@@ -156,6 +157,48 @@ def test_mixed_prefill_and_decode_equals_separate_calls(native_model, B):
     assert (d1 - d2).abs().max().item() < 1e-4 * d2.abs().max().item()
     assert (k1 - k2).abs().max().item() < 1e-4
     assert all((a - b).abs().max().item() < 1e-4 for a, b in zip(ks1, ks2))
+
+
+def _decode_steps(model, steps: int):
+    """A fresh runner (a new thread pool): 3 sequences prefilled, then ``steps`` decode steps ->
+    (the last step's logits, the runner)."""
+    runner = ModelRunner(model, KVCache(model.args, 9, 128, torch.float32))
+    slots = SCATTERED_SLOTS[3]
+    for slot in slots:
+        runner.prefill(slot, [(slot * 37 + i * 11) % 4000 + 100 for i in range(10)], 0, want_logits=False)
+    for i in range(steps):
+        logits = runner.decode(slots, [1000 + i] * 3, [10 + i] * 3)
+    return logits, runner
+
+
+def test_a_busy_cpu_moves_the_step_to_one_thread_and_changes_no_logit(native_model):
+    """Both step threads and a busy process share one CPU: the helper thread is paused mid-task for
+    time slices, the step pool sees its stalls and runs the next steps on the calling thread alone
+    (engine/step_pool.h). Every output is computed by one task, so the logits are bit-identical on
+    one thread, on two, and across the switch."""
+    import subprocess
+    import sys
+
+    torch.set_num_threads(1)
+    alone, _ = _decode_steps(native_model, 24)
+    torch.set_num_threads(2)
+    quiet, runner = _decode_steps(native_model, 24)
+    assert torch.equal(alone, quiet)
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    saved = os.sched_getaffinity(0)
+    spin = (f"import os, time; os.sched_setaffinity(0, {{{cpu}}}); print('spinning', flush=True); "
+            "end = time.monotonic() + 10\nwhile time.monotonic() < end: pass")
+    busy = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
+    try:
+        assert busy.stdout.readline().strip() == "spinning"
+        os.sched_setaffinity(0, {cpu})  # this thread, and the pool's helpers created by its first step
+        contended, runner = _decode_steps(native_model, 24)
+    finally:
+        os.sched_setaffinity(0, saved)
+        busy.kill()
+        busy.wait()
+    assert torch.equal(contended, quiet)
+    assert runner.decoder.solo_steps() > 0
 
 
 def test_engine_without_kernels_uses_the_pure_torch_path(smollm2_dir):
