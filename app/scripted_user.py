@@ -15,7 +15,7 @@ from pipeline.audio import PIPELINE_RATE, to_mono_float32
 from pipeline.frames import (AssistantDone, ErrorFrame, Frame, PlaybackPause, SpeakChunk, SpeechStarted,
                              Transcript, TurnDone)
 from pipeline.pipeline import Pipeline
-from pipeline.vad import FRAME_SAMPLES
+from pipeline.vad.silero import FRAME_SAMPLES
 
 log = logging.getLogger(__name__)
 FEED_MS = 20  # pieces of 20 ms, like a microphone callback

@@ -16,10 +16,10 @@ from pipeline.models import PipelineModels
 def load_voice_models(config: AppConfig, llm_backend: str | None = None, llm: LLMBackend | None = None) -> PipelineModels:
     """Resolve the configured model specs (packaged, local or hub) and load each once."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from pipeline.asr import WhisperTranscriber
+    from pipeline.asr.whisper import WhisperTranscriber
     from pipeline.tts import TTSProvider
     from pipeline.endpointing.smart_turn import SmartTurnModel
-    from pipeline.vad import SileroModel
+    from pipeline.vad.silero import SileroModel
 
     llm = llm if llm is not None else make_llm_backend(config, llm_backend)
     transcriber = WhisperTranscriber(model_store.resolve(config.models.asr, "asr"), config.pipeline.asr)

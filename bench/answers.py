@@ -120,7 +120,7 @@ def run_model(spec: str, questions: list[Question], persona_name: str, spoken: b
     ``spoken``, the spoken one."""
     from app.config import load_config
     from app.voice_models import load_voice_models
-    from pipeline.persona_store import PersonaStore
+    from pipeline.persona.store import PersonaStore
 
     config = load_config()
     config = dataclasses.replace(config, models=dataclasses.replace(config.models, llm=spec))

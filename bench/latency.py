@@ -20,7 +20,7 @@ import numpy as np
 
 from app.commands.converse import add_model_arguments, app_config, load_models, make_pipeline, pick_persona
 from app.scripted_user import InputAudio, ScriptedUser
-from pipeline.persona import Persona
+from pipeline.persona.persona import Persona
 
 QUESTIONS = (
     "What is the capital of France?",

@@ -151,7 +151,7 @@ def load_turn_set(models, limit: int | None = None, log=None) -> list[TurnItem]:
     """The set, from the cache or built now with ``models`` (a PipelineModels: its Whisper finds
     the cut points, its TTS provider gives the Piper voice)."""
     from app.model_store import home_dir
-    from pipeline.persona import Voice
+    from pipeline.persona.persona import Voice
 
     digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
     cache = home_dir() / "turn-set" / digest

@@ -24,7 +24,7 @@ from app.scripted_user import InputAudio, ScriptedUser
 from bench.latency import summary
 from bench.turn_set import TurnItem, load_turn_set
 from pipeline.frames import SpeechEnded
-from pipeline.persona import Persona
+from pipeline.persona.persona import Persona
 
 MODES = ("semantic", "silence")
 CUT_MARGIN_SAMPLES = 1600  # a SpeechEnded within 100 ms after the pause is still "inside" it (VAD lateness)

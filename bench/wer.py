@@ -2,7 +2,7 @@
 (lower case, no punctuation, contractions expanded, small numbers as digits)."""
 from __future__ import annotations
 
-from pipeline.asr_guard import normalize
+from pipeline.asr.guard import normalize
 
 NUMBERS = {"one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6", "seven": "7",
            "eight": "8", "nine": "9", "ten": "10", "twelve": "12", "twenty": "20"}

@@ -44,7 +44,7 @@ class ASRConfig:
     cpu_threads: int = 2  # threads inside one transcription
     num_workers: int = 1  # transcriptions at once (sessions ending turns together); 1 serializes them
     beam_size: int = 1
-    is_short_context: bool = True  # encode only the audio + context_pad_s, not 30 s (see pipeline/asr.py)
+    is_short_context: bool = True  # encode only the audio + context_pad_s, not 30 s (see pipeline/asr/whisper.py)
     context_pad_s: float = 3.0
     partial_interval_ms: int = 700  # re-transcribe the growing buffer this often while the user speaks
     is_partial_enabled: bool = True

@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Callable
 
 from engine.backends.base import LLMBackend
-from pipeline.asr import WhisperTranscriber
+from pipeline.asr.whisper import WhisperTranscriber
 from pipeline.endpointing.smart_turn import SmartTurnModel
-from pipeline.persona import Voice
+from pipeline.persona.persona import Voice
 from pipeline.tts.base import TTSBackend
-from pipeline.vad import SileroModel
+from pipeline.vad.silero import SileroModel
 
 
 @dataclass

@@ -6,7 +6,6 @@ Audio or text goes in through methods; typed frames come out of one queue (``nex
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from pathlib import Path
@@ -15,30 +14,29 @@ from typing import Callable, Iterator
 import numpy as np
 
 from engine.backends.base import LLMBackend
-from pipeline.asr import WhisperTranscriber
-from pipeline.asr_stage import ASRStage
+from pipeline.asr.stage import ASRStage
+from pipeline.asr.whisper import WhisperTranscriber
 from pipeline.audio import PIPELINE_RATE, Resampler, to_mono_float32
 from pipeline.config import PipelineConfig
 from pipeline.endpointing.audio_signal import AudioTurnScorer
 from pipeline.endpointing.endpointer import Endpointer
 from pipeline.endpointing.smart_turn import SmartTurnModel
-from pipeline.frames import (AssistantDone, AudioIn, AudioOut, EndpointTick, Frame, Interrupt, SpeakChunk, SpeechEnded,
-                             SystemFrame, TextDelta, TextIn, Transcript, TurnDone)
-from pipeline.history import Exchange, History
-from pipeline.llm_stage import LLMStage
-from pipeline.persona import Persona, Voice
-from pipeline.persona_store import PersonaStore
-from pipeline.playback import PlaybackTracker
+from pipeline.frame_queue import FrameQueue
+from pipeline.frames import (AssistantDone, AudioIn, EndpointTick, Frame, Interrupt, SpeakChunk, SpeechEnded,
+                             SystemFrame, TextIn)
+from pipeline.llm.history import Exchange, History
+from pipeline.llm.stage import LLMStage
+from pipeline.persona.persona import Persona, Voice
+from pipeline.persona.store import PersonaStore
 from pipeline.stage import Stage
 from pipeline.tts.base import TTSBackend
-from pipeline.tts_stage import TTSStage
-from pipeline.turns import TurnCounter
-from pipeline.vad import SileroModel, SileroVAD
-from pipeline.vad_stage import VADStage
+from pipeline.tts.stage import TTSStage
+from pipeline.turns import DROPPED_ON_INTERRUPT, Turns
+from pipeline.vad.silero import SileroModel, SileroVAD
+from pipeline.vad.stage import VADStage
 from pipeline.waterfall import WaterfallBook
 
 log = logging.getLogger(__name__)
-_DROPPED_ON_INTERRUPT = (AudioOut, TextDelta, SpeakChunk)  # an old turn's audio and text: never play it
 
 
 class Pipeline:
@@ -64,18 +62,13 @@ class Pipeline:
         self._personas = personas
         self._persona_name = persona
         self._on_frame = on_frame
-        self._counter = TurnCounter()
         self.book = WaterfallBook()
-        self.tracker = PlaybackTracker()
-        self._history = History()
+        self.turns = Turns(History(), self.book)
         self._resampler = Resampler(PIPELINE_RATE)
         self._input_lock = threading.Lock()
-        self._output: queue.Queue = queue.Queue(maxsize=self.config.queues.output_queue_size)
+        self._output = FrameQueue(self.config.queues.output_queue_size)
         self._is_closed = False
-        self._interrupted_below = 0  # data frames of older turns are dropped here too
-        self._committed: set[int] = set()  # turns whose answer may be played (see _deliver)
-        self._held: dict[int, list[Frame]] = {}  # speculative answers waiting for their commit
-        self._sink_lock = threading.RLock()
+        self._sink_lock = threading.RLock()  # frames reach the front end one at a time, in order
         size = self.config.queues.stage_queue_size
         self.current_persona()  # fail now, not at the first turn, if the persona does not exist
 
@@ -86,12 +79,12 @@ class Pipeline:
             self._endpointer = Endpointer(AudioTurnScorer(turn_model) if turn_model is not None else None, can_probe,
                                           wake=lambda gen: stages[0].put(EndpointTick(gen=gen)))
         if vad_model is not None:
-            stages.append(VADStage(SileroVAD(vad_model), self.config.vad, self._counter,
+            stages.append(VADStage(SileroVAD(vad_model), self.config.vad, self.turns.counter,
                                    lambda: self.current_persona().endpointing, self.book, size, self._endpointer))
         if transcriber is not None:
             stages.append(ASRStage(transcriber, self.config.asr, lambda: self.current_persona().language,
                                    self.book, size))
-        self._llm = LLMStage(llm, self.current_persona, self._history, self.config.llm, self.config.chunker,
+        self._llm = LLMStage(llm, self.current_persona, self.turns.history, self.config.llm, self.config.chunker,
                              self.book, session, size, self._endpointer)
         self._tts = TTSStage(tts, self.book, self.config.tts.output_sample_rate, size)
         stages += [self._llm, self._tts]
@@ -127,9 +120,8 @@ class Pipeline:
 
     def text_input(self, text: str) -> int:
         """A typed user turn; it interrupts whatever the assistant was saying. Returns its gen."""
-        gen = self._counter.next()
         with self._sink_lock:
-            self._committed.add(gen)  # a typed turn is complete as typed: nothing speculative
+            gen = self.turns.open_committed()  # a typed turn is complete as typed: nothing speculative
         self._first.put(Interrupt(gen=gen, reason="text"))
         self._first.put(TextIn(gen=gen, text=text))
         return gen
@@ -137,7 +129,7 @@ class Pipeline:
     def interrupt(self, reason: str = "user") -> int:
         """Stop the assistant now: a stop button ("user"), or the server ending a stalled turn
         ("timeout"). Returns the new turn number."""
-        gen = self._counter.next()
+        gen = self.turns.counter.next()
         self._first.put(Interrupt(gen=gen, reason=reason))
         return gen
 
@@ -145,9 +137,8 @@ class Pipeline:
         """Stop the assistant and say ``text`` in the persona's voice instead, as a turn of its own
         (``Interrupt`` reason "notice", then the usual chunk, audio, done and ``TurnDone``): the
         server's spoken apology for a stalled turn. No LLM, and not part of the history. Returns its gen."""
-        gen = self._counter.next()
         with self._sink_lock:
-            self._committed.add(gen)  # nothing speculative: play it at once
+            gen = self.turns.open_committed()  # nothing speculative: play it at once
         self.book.set(gen, "notice", 1)
         self._first.put(Interrupt(gen=gen, reason="notice"))  # reaches every stage before the chunk below
         self._tts.put(SpeakChunk(gen=gen, index=0, text=text, voice=self.current_persona().voice))
@@ -157,10 +148,7 @@ class Pipeline:
     def report_playback(self, gen: int, played_samples: int) -> None:
         """The front end has played ``played_samples`` of turn ``gen``'s audio (at that turn's
         AudioOut sample_rate). Call it as playback advances, and when playback stops."""
-        if self.tracker.report(gen, played_samples):
-            self.book.mark(gen, "first_audio_played")
-        if self.tracker.is_complete(gen):
-            self._history.settle(gen)
+        self.turns.report_playback(gen, played_samples)
 
     def set_persona(self, name: str) -> None:
         """Switch persona from the next turn on (raises PersonaNotFound for an unknown name)."""
@@ -177,11 +165,7 @@ class Pipeline:
 
     def next_frame(self, timeout: float | None = None) -> Frame | None:
         """The next output frame, or None after ``timeout`` seconds (or once closed)."""
-        try:
-            frame = self._output.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        return frame
+        return self._output.get(timeout)
 
     def frames(self, timeout: float = 0.1) -> Iterator[Frame]:
         """Output frames until ``close()``."""
@@ -192,7 +176,7 @@ class Pipeline:
 
     @property
     def history(self) -> list[Exchange]:
-        return self._history.exchanges()
+        return self.turns.history.exchanges()
 
     def waterfall(self, gen: int) -> dict:
         return self.book.get(gen)
@@ -200,93 +184,37 @@ class Pipeline:
     @property
     def turn(self) -> int:
         """The newest turn number (``gen``)."""
-        return self._counter.current
+        return self.turns.counter.current
 
     def _deliver(self, frame: Frame) -> None:
-        """The end of the line (on the TTS thread, or whichever thread sent a system frame).
-
-        A voice turn's answer starts speculatively at the user's first pause; until
-        ``SpeechEnded`` commits the turn its frames are held here, and an ``Interrupt`` (the
-        user resumed) discards them unseen. Partial transcripts are never held."""
+        """The end of the line (on the TTS thread, or whichever thread sent a system frame): the
+        turn bookkeeping decides what reaches the front end now, later (a speculative answer
+        waits for its commit) or never (see pipeline/turns.py)."""
         with self._sink_lock:
-            if isinstance(frame, SystemFrame):
-                self._on_system(frame)
+            if not isinstance(frame, SystemFrame):
+                if self.turns.route(frame):
+                    self._release(frame)
                 return
-            if frame.gen < self._interrupted_below and isinstance(frame, _DROPPED_ON_INTERRUPT):
-                return
-            is_partial = isinstance(frame, Transcript) and not frame.is_final
-            if frame.gen not in self._committed and not is_partial:
-                self._held.setdefault(frame.gen, []).append(frame)
-                return
-            self._release(frame)
-
-    def _on_system(self, frame: SystemFrame) -> None:
-        if isinstance(frame, Interrupt):
-            self._interrupted_below = max(self._interrupted_below, frame.gen)
-            self._purge_output(frame.gen)
-            for old in [g for g in self._held if g < frame.gen]:
-                del self._held[old]
-            self._settle_before(frame.gen)
-            # Long sessions stay flat: playback spans and commit marks of long-gone turns are dropped.
-            self.tracker.forget_before(frame.gen - 8)
-            self._committed = {g for g in self._committed if g >= frame.gen - 8}
-        self._out(frame)
-        if isinstance(frame, SpeechEnded):
-            self._committed.add(frame.gen)
-            for held in self._held.pop(frame.gen, []):
-                self._release(held)
+            if isinstance(frame, Interrupt):
+                self.turns.interrupt(frame.gen)
+                self._output.purge(lambda f: isinstance(f, DROPPED_ON_INTERRUPT) and f.gen < frame.gen)
+            self._out(frame)
+            if isinstance(frame, SpeechEnded):
+                for held in self.turns.commit(frame.gen):
+                    self._release(held)
 
     def _release(self, frame: Frame) -> None:
-        if isinstance(frame, AudioOut):
-            self.tracker.on_audio(frame.gen, frame.chunk_index, frame.text, frame.start_sample, len(frame.pcm),
-                                  frame.sample_rate)
-            self.book.mark(frame.gen, "first_audio_out")
-        elif isinstance(frame, TurnDone):
-            self.tracker.on_done(frame.gen)
-            self.book.mark(frame.gen, "audio_done")
-            frame.waterfall = self.book.get(frame.gen)
+        self.turns.released(frame)
         self._out(frame)
 
     def _out(self, frame: Frame) -> None:
-        self._put_output(frame)
+        # Nobody reading: the oldest frame goes rather than the queue growing or blocking the TTS.
+        self._output.put_dropping_oldest(frame)
         if self._on_frame is not None:
             try:
                 self._on_frame(frame)
             except Exception:  # a front end's bug must not break the turn
                 log.exception("on_frame callback failed")
-
-    def _settle_before(self, gen: int) -> None:
-        """Old turns are over: keep what was heard of each (cut + interrupted) in the history;
-        a speculative answer nobody heard leaves no trace."""
-        for old in self._history.unsettled(gen):
-            if old not in self._committed:
-                self._history.drop(old)
-            elif self.tracker.is_complete(old):
-                self._history.settle(old)
-            else:
-                heard = self.tracker.heard_text(old)
-                self._history.cut(old, heard)
-                self.book.mark(old, "interrupted")
-                self.book.set(old, "interrupted", 1)
-                self.book.set(old, "heard_words", len(heard.split()))
-
-    def _purge_output(self, gen: int) -> None:
-        with self._output.mutex:
-            kept = [f for f in self._output.queue if not (isinstance(f, _DROPPED_ON_INTERRUPT) and f.gen < gen)]
-            self._output.queue.clear()
-            self._output.queue.extend(kept)
-            self._output.not_full.notify_all()
-
-    def _put_output(self, frame: Frame) -> None:
-        while True:
-            try:
-                self._output.put_nowait(frame)
-                return
-            except queue.Full:  # nobody is reading: drop the oldest rather than grow or block the TTS
-                try:
-                    self._output.get_nowait()
-                except queue.Empty:
-                    pass
 
     # --- lifecycle ---------------------------------------------------------------------------
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import queue
 import threading
 from typing import Callable, Iterable
 
+from pipeline.frame_queue import FrameQueue
 from pipeline.frames import ErrorFrame, Frame, Interrupt, SystemFrame
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class Stage:
     name = "stage"
 
     def __init__(self, queue_size: int = 2000):
-        self._inbox: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._inbox = FrameQueue(queue_size)
         self._downstream: Sink = lambda frame: None
         self._min_gen = 0
         self._system_lock = threading.Lock()  # interrupts may arrive from several threads at once
@@ -48,10 +48,7 @@ class Stage:
         if isinstance(frame, SystemFrame):
             with self._system_lock:
                 if isinstance(frame, Interrupt) and frame.gen > self._min_gen:
-                    with self._inbox.mutex:
-                        self.before_purge(frame, self._inbox.queue)
-                    self._min_gen = frame.gen  # never lowered: a late, older interrupt changes nothing
-                    self._purge()
+                    self._purge(frame)
             self.on_system(frame)
             self._downstream(frame)
         else:
@@ -63,19 +60,15 @@ class Stage:
         if isinstance(frame, SystemFrame):
             self.put(frame)
             return True
-        try:
-            self._inbox.put_nowait(frame)
-            return True
-        except queue.Full:
-            return False
+        return self._inbox.offer(frame)
 
-    def _purge(self) -> None:
-        """Drop queued data frames of older turns (the queue's own lock keeps it safe)."""
-        with self._inbox.mutex:
-            kept = [f for f in self._inbox.queue if f is _STOP or not self._is_dropped(f)]
-            self._inbox.queue.clear()
-            self._inbox.queue.extend(kept)
-            self._inbox.not_full.notify_all()
+    def _purge(self, interrupt: Interrupt) -> None:
+        """Drop queued data frames of turns older than ``interrupt`` (under the queue's own lock)."""
+        def prepare(queued) -> None:
+            self.before_purge(interrupt, queued)
+            self._min_gen = interrupt.gen  # never lowered: a late, older interrupt changes nothing
+
+        self._inbox.purge(lambda f: f is not _STOP and self._is_dropped(f), prepare)
 
     # --- for subclasses ----------------------------------------------------------------------
 
@@ -136,11 +129,7 @@ class Stage:
 
     def stop(self, timeout_s: float = 5.0) -> bool:
         """Ends the thread after the frame in hand; returns False if it did not end in time."""
-        with self._inbox.mutex:
-            self._inbox.queue.clear()
-            self._inbox.queue.append(_STOP)
-            self._inbox.not_empty.notify()
-            self._inbox.not_full.notify_all()
+        self._inbox.replace_all(_STOP)
         if self._thread is None:
             return True
         self._thread.join(timeout_s)

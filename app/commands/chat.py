@@ -7,7 +7,7 @@ from app.backends import make_llm_backend
 from app.commands.common import CommandError, config_from, persona_store
 from app.config import LLM_BACKENDS
 from engine.sampling_params import SamplingParams
-from pipeline.persona_store import PersonaNotFound
+from pipeline.persona.store import PersonaNotFound
 
 
 def add_parser(sub) -> None:

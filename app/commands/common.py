@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from app.config import AppConfig, load_config
-from pipeline.persona_store import PersonaStore, SHIPPED_DIR
+from pipeline.persona.store import PersonaStore, SHIPPED_DIR
 from pipeline.schema import SchemaError
 
 

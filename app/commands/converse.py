@@ -20,8 +20,8 @@ from app.scripted_user import InputAudio, ScriptedRun, ScriptedUser
 from pipeline.config import PipelineConfig
 from pipeline.frames import AudioOut
 from pipeline.models import PipelineModels
-from pipeline.persona import Persona
-from pipeline.persona_store import PersonaStore
+from pipeline.persona.persona import Persona
+from pipeline.persona.store import PersonaStore
 from pipeline.pipeline import Pipeline
 from pipeline.wavfile import read_wav, write_wav
 
@@ -72,7 +72,7 @@ def load_models(config) -> PipelineModels:
 
 def pick_persona(args: argparse.Namespace, config) -> Persona | PersonaStore:
     """The store (hot reload) unless the command line overrides sampling or endpointing, then a fixed copy."""
-    from pipeline.persona_store import SHIPPED_DIR
+    from pipeline.persona.store import SHIPPED_DIR
 
     store = PersonaStore([SHIPPED_DIR, config.personas.user_dir] + list(args.persona_dir or []))
     mode = getattr(args, "endpointing", None)

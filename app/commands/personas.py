@@ -5,8 +5,8 @@ import dataclasses
 from pathlib import Path
 
 from app.commands.common import CommandError, config_from, persona_store
-from pipeline.persona import load_persona
-from pipeline.persona_store import PersonaNotFound
+from pipeline.persona.persona import load_persona
+from pipeline.persona.store import PersonaNotFound
 from pipeline.schema import SchemaError
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from app import model_store
 from app.commands.common import CommandError, config_from, persona_store
-from pipeline.persona_store import PersonaNotFound
+from pipeline.persona.store import PersonaNotFound
 from pipeline.tts import TTSError, create_tts
 
 

@@ -15,7 +15,7 @@ from app.commands.common import persona_store
 from app.config import AppConfig
 from app.voice_models import load_voice_models
 from pipeline.config import PipelineConfig
-from pipeline.persona_store import PersonaNotFound
+from pipeline.persona.store import PersonaNotFound
 from pipeline.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class PipelineConversations:
         import numpy as np
 
         from engine.sampling_params import SamplingParams
-        from pipeline.vad import SileroVAD
+        from pipeline.vad.silero import SileroVAD
 
         started = time.monotonic()
         try:

@@ -14,7 +14,7 @@ import json
 
 import gradio as gr
 
-from pipeline.persona_store import PersonaStore
+from pipeline.persona.store import PersonaStore
 
 HEAD = """
 <script src="/static/voxlane-audio.js" defer></script>

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipeline.persona import Endpointing
+from pipeline.persona.persona import Endpointing
 
 TEXT_PIVOT = 0.02  # sentence-end probability that counts as even odds (calibration above)
 AUDIO_WEIGHT = 0.3  # the voice's log-odds count this much next to the words'

@@ -14,7 +14,7 @@ import numpy as np
 
 from pipeline.endpointing.audio_signal import AudioTurnScorer
 from pipeline.endpointing.decision import PauseSignals, Verdict, end_silence_ms
-from pipeline.persona import Endpointing
+from pipeline.persona.persona import Endpointing
 
 
 class Endpointer:

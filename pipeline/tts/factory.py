@@ -6,7 +6,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from pipeline.persona import Voice
+from pipeline.persona.persona import Voice
 from pipeline.tts.base import TTSBackend, TTSError
 
 log = logging.getLogger(__name__)

@@ -12,11 +12,11 @@ import numpy as np
 from app.config import AppConfig, ServerConfig
 from app.server.app import create_app
 from app.server.runner import BackgroundServer
-from pipeline.asr import ASRResult
+from pipeline.asr.whisper import ASRResult
 from pipeline.config import PipelineConfig
-from pipeline.persona_store import PersonaNotFound, PersonaStore
+from pipeline.persona.store import PersonaNotFound, PersonaStore
 from pipeline.pipeline import Pipeline
-from pipeline.vad import SileroModel
+from pipeline.vad.silero import SileroModel
 
 LIMIT = 256 * 1024  # max_message_bytes here: a 100,000-character text still fits, and is refused for its length
 

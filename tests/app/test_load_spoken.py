@@ -32,7 +32,7 @@ from app.server.ws import SocketHandler
 from bench.load import run_load, speak_questions
 from pipeline.config import ASRConfig, PipelineConfig
 from pipeline.frames import Frame
-from pipeline.history import Exchange, History
+from pipeline.llm.history import Exchange, History
 from pipeline.pipeline import Pipeline
 from pipeline.stage import Stage
 from pipeline.waterfall import TurnWaterfall, WaterfallBook

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from pipeline.persona import load_persona
-from pipeline.persona_store import SHIPPED_DIR, PersonaNotFound, PersonaStore
+from pipeline.persona.persona import load_persona
+from pipeline.persona.store import SHIPPED_DIR, PersonaNotFound, PersonaStore
 from pipeline.schema import SchemaError
 
 VALID = """

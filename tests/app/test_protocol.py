@@ -25,7 +25,7 @@ from app.openai_api import openai_router
 from app.server.app import create_app
 from app.server.pipeline_conversations import PipelineConversations
 from app.server.runner import BackgroundServer
-from pipeline.persona_store import SHIPPED_DIR
+from pipeline.persona.store import SHIPPED_DIR
 from pipeline.wavfile import read_wav
 from tests.app.socket_checks import num_threads, start, wait_sessions_closed
 from tests.setup_needs import need_command

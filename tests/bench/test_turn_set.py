@@ -10,7 +10,7 @@ from bench.wer import wer
 
 
 def test_the_pause_goes_where_the_sentence_is_unfinished(piper_voice_path, whisper_base_dir, tmp_path):
-    from pipeline.asr import WhisperTranscriber
+    from pipeline.asr.whisper import WhisperTranscriber
     from pipeline.config import ASRConfig
     from pipeline.tts.piper_tts import PiperTTS
 

@@ -155,7 +155,7 @@ def heard_prefix_prompts(smollm2_dir, persona: str, user1: str, spoken: str, wri
     remembered as the first k words of its ``spoken`` chunks, cut off ("..."), for every k; last,
     the length with everything the model ``written``, not cut."""
     from engine.loader import load_tokenizer
-    from pipeline.persona_store import PersonaStore
+    from pipeline.persona.store import PersonaStore
 
     tokenizer = load_tokenizer(smollm2_dir)
     system = PersonaStore().get(persona).full_system_prompt()

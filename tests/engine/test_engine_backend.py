@@ -78,7 +78,7 @@ def test_voice_sessions_of_one_persona_share_its_system_prompt_computed_once(bac
     """Two pipelines (voice sessions) with the same persona: the engine prefills its system prompt
     once, and each session's first turn starts from a copy of it."""
     from pipeline.frames import TurnDone
-    from pipeline.persona_store import PersonaStore
+    from pipeline.persona.store import PersonaStore
     from pipeline.pipeline import Pipeline
     from tests.pipeline.fakes import SilentTTS
 

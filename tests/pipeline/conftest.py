@@ -15,7 +15,7 @@ from pipeline.wavfile import write_wav
 
 @pytest.fixture(scope="session")
 def transcriber(whisper_base_dir):
-    from pipeline.asr import WhisperTranscriber
+    from pipeline.asr.whisper import WhisperTranscriber
 
     return WhisperTranscriber(whisper_base_dir, ASRConfig())
 
@@ -32,7 +32,7 @@ def llm(smollm2_dir):
 @pytest.fixture(scope="session")
 def vad_model(silero_vad_path):
     """One Silero model for every pipeline in the session, as a server shares it."""
-    from pipeline.vad import SileroModel
+    from pipeline.vad.silero import SileroModel
 
     return SileroModel(silero_vad_path)
 

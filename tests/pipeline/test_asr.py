@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bench.wer import wer, word_errors
-from pipeline.asr_guard import Segment, drop_reason
+from pipeline.asr.guard import Segment, drop_reason
 from pipeline.config import ASRConfig
 
 SENTENCES = [
@@ -105,7 +105,7 @@ def test_parallel_workers_give_each_concurrent_call_its_own_text(say):
     import threading
 
     from app import model_store
-    from pipeline.asr import WhisperTranscriber
+    from pipeline.asr.whisper import WhisperTranscriber
 
     transcriber = WhisperTranscriber(model_store.resolve("whisper-tiny.en", "asr"),
                                      ASRConfig(num_workers=2, cpu_threads=1))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.chunker import SpeakableChunker
 from pipeline.config import ChunkerConfig
-from pipeline.persona import SpeechRules
-from pipeline.speakable import FenceFilter, clean
+from pipeline.llm.chunker import SpeakableChunker
+from pipeline.llm.speakable import FenceFilter, clean
+from pipeline.persona.persona import SpeechRules
 
 
 def chunks(text: str, step: int = 1, **config) -> list[str]:

@@ -14,7 +14,7 @@ from app.commands import converse
 from app.scripted_user import InputAudio, ScriptedUser
 from bench.wer import wer, word_errors, words
 from pipeline.audio import resample_once, to_mono_float32
-from pipeline.persona_store import PersonaStore
+from pipeline.persona.store import PersonaStore
 from pipeline.pipeline import Pipeline
 from pipeline.wavfile import read_wav, write_wav
 

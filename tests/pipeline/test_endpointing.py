@@ -11,11 +11,11 @@ from pipeline.endpointing.decision import fuse, strip_trailing_punctuation
 from pipeline.endpointing.endpointer import Endpointer
 from pipeline.frames import AudioIn, Interrupt, SpeechEnded, SpeechStarted, TurnJudged
 from pipeline.turns import TurnCounter
-from pipeline.persona import Endpointing
+from pipeline.persona.persona import Endpointing
 from pipeline.schema import SchemaError, build
-from pipeline.turn_detector import FRAME_MS
-from pipeline.vad import FRAME_SAMPLES
-from pipeline.vad_stage import VADStage
+from pipeline.vad.turn_detector import FRAME_MS
+from pipeline.vad.silero import FRAME_SAMPLES
+from pipeline.vad.stage import VADStage
 from pipeline.waterfall import WaterfallBook
 
 SEMANTIC = Endpointing(mode="semantic", short_silence_ms=192, long_silence_ms=1600, threshold=0.5, min_speech_ms=256)
@@ -100,7 +100,7 @@ def test_words_whisper_was_unsure_of_cannot_say_the_sentence_is_finished():
 
 
 def test_a_sentence_joined_across_a_pause_is_as_sure_as_its_words():
-    from pipeline.asr_stage import joined_confidence
+    from pipeline.asr.stage import joined_confidence
 
     # "What is the capital of" heard surely, "Spain" (read alone after the pause) less so: the
     # sentence stays trusted, and a misheard head still counts against it.

@@ -2,7 +2,7 @@
 reply is remembered as heard; a dropped speculative exchange stays dropped."""
 from __future__ import annotations
 
-from pipeline.history import History
+from pipeline.llm.history import History
 from pipeline.playback import PlaybackTracker
 
 

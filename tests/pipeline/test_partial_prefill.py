@@ -7,9 +7,9 @@ import dataclasses
 
 from pipeline.config import ChunkerConfig, LLMStageConfig
 from pipeline.frames import AssistantDone, Transcript
-from pipeline.history import History
-from pipeline.llm_stage import LLMStage
-from pipeline.persona_store import PersonaStore
+from pipeline.llm.history import History
+from pipeline.llm.stage import LLMStage
+from pipeline.persona.store import PersonaStore
 from pipeline.waterfall import WaterfallBook
 from tests.pipeline.test_prewarm import StreamsKept
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.frames import AudioOut, ErrorFrame, Interrupt, TurnDone
-from pipeline.persona_store import SHIPPED_DIR, PersonaStore
+from pipeline.persona.store import SHIPPED_DIR, PersonaStore
 from pipeline.pipeline import Pipeline
 from tests.pipeline.fakes import FakeBackend, SilentTTS
 

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.config import LLMStageConfig, PipelineConfig
 from pipeline.frames import TurnDone
-from pipeline.persona_store import PersonaStore
+from pipeline.persona.store import PersonaStore
 from pipeline.pipeline import Pipeline
 from tests.pipeline.fakes import SilentTTS
 

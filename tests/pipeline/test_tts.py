@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from pipeline.persona import Voice
+from pipeline.persona.persona import Voice
 from pipeline.tts import TTSError, TTSProvider, create_tts
 from pipeline.tts.base import pcm16_from_wav_bytes
 from pipeline.tts.command_tts import CommandTTS

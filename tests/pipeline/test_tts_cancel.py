@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from pipeline.frames import AssistantDone, AudioOut, Interrupt, SpeakChunk, TurnDone
-from pipeline.persona import Voice
+from pipeline.persona.persona import Voice
 from pipeline.tts import Cancel
 from pipeline.tts.command_tts import CommandTTS
-from pipeline.tts_stage import TTSStage
+from pipeline.tts.stage import TTSStage
 from pipeline.waterfall import WaterfallBook
 
 # Four long sentences: each is one ONNX run of a second or more on this machine.

@@ -3,8 +3,8 @@ a pause comes before the end, speech after a pause resumes the turn."""
 from __future__ import annotations
 
 from pipeline.config import VADConfig
-from pipeline.persona import Endpointing
-from pipeline.turn_detector import FRAME_MS, TurnDetector
+from pipeline.persona.persona import Endpointing
+from pipeline.vad.turn_detector import FRAME_MS, TurnDetector
 
 
 def run(probs: list[float], endpointing=Endpointing(silence_ms=480, min_speech_ms=256)) -> list[tuple[int, str]]:

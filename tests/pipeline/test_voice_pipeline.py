@@ -13,7 +13,7 @@ from bench.wer import wer
 from pipeline.audio import resample_once
 from pipeline.frames import (AudioOut, PlaybackPause, PlaybackResume, SpeechEnded, SpeechStarted, Transcript,
                              TurnDone)
-from pipeline.persona_store import PersonaStore
+from pipeline.persona.store import PersonaStore
 from pipeline.pipeline import Pipeline
 from tests.pipeline.fakes import FakeBackend, SilentTTS
 

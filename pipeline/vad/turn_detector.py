@@ -13,7 +13,7 @@ it; ``end`` commits the turn. How much silence ends it is the caller's to say at
 from __future__ import annotations
 
 from pipeline.config import VADConfig
-from pipeline.persona import Endpointing
+from pipeline.persona.persona import Endpointing
 
 FRAME_MS = 32
 

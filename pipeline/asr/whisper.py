@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.asr_guard import Segment, keep_segments
+from pipeline.asr.guard import Segment, keep_segments
 from pipeline.config import ASRConfig
 
 

@@ -18,7 +18,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from pipeline.asr import WhisperTranscriber
+from pipeline.asr.whisper import WhisperTranscriber
 from pipeline.config import ASRConfig
 from pipeline.frames import Frame, Interrupt, SpeechPaused, Transcript, TurnAudioEnd, TurnDone, UserAudio
 from pipeline.stage import Stage

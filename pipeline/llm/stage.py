@@ -13,14 +13,14 @@ from typing import Callable, Iterable
 
 from engine.backends.base import Completion, LLMBackend
 from engine.sampling_params import SamplingParams
-from pipeline.chunker import SpeakableChunker
 from pipeline.config import ChunkerConfig, LLMStageConfig
 from pipeline.endpointing.decision import strip_trailing_punctuation
 from pipeline.endpointing.endpointer import Endpointer
 from pipeline.frames import (AssistantDone, ErrorFrame, Frame, Interrupt, SpeakChunk, SystemFrame,
                              TextDelta, TextIn, Transcript)
-from pipeline.history import History
-from pipeline.persona import Persona
+from pipeline.llm.chunker import SpeakableChunker
+from pipeline.llm.history import History
+from pipeline.persona.persona import Persona
 from pipeline.stage import Stage, TurnRefused
 from pipeline.waterfall import WaterfallBook
 

@@ -11,12 +11,12 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.persona import Persona, load_persona
+from pipeline.persona.persona import Persona, load_persona
 from pipeline.schema import SchemaError
 
 log = logging.getLogger(__name__)
 
-SHIPPED_DIR = Path(__file__).resolve().parents[1] / "assets" / "personas"
+SHIPPED_DIR = Path(__file__).resolve().parents[2] / "assets" / "personas"
 
 
 class PersonaNotFound(KeyError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from pipeline.persona import SpeechRules
+from pipeline.persona.persona import SpeechRules
 
 _URL = re.compile(r"<?\b(?:https?://|www\.)[^\s<>()\[\]]+>?", re.IGNORECASE)
 _IMAGE = re.compile(r"!\[([^\]]*)\]\([^)]*\)")

@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 
 from pipeline.audio import resample_once
 from pipeline.frames import AssistantDone, AudioOut, ErrorFrame, Frame, Interrupt, SpeakChunk, SystemFrame, TurnDone
-from pipeline.persona import Voice
+from pipeline.persona.persona import Voice
 from pipeline.stage import Stage
 from pipeline.tts.base import Cancel, TTSBackend
 from pipeline.waterfall import WaterfallBook

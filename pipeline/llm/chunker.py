@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 
 from pipeline.config import ChunkerConfig
-from pipeline.persona import SpeechRules
-from pipeline.speakable import FenceFilter, clean
+from pipeline.llm.speakable import FenceFilter, clean
+from pipeline.persona.persona import SpeechRules
 
 ABBREVIATIONS = frozenset({
     "e.g", "i.e", "etc", "vs", "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "mt", "no", "approx",

@@ -21,11 +21,11 @@ from pipeline.endpointing.decision import Verdict
 from pipeline.endpointing.endpointer import Endpointer
 from pipeline.frames import (AudioIn, EndpointTick, Frame, Interrupt, PlaybackPause, PlaybackResume, SpeechEnded,
                              SpeechPaused, SpeechStarted, TurnAudioEnd, TurnJudged, UserAudio)
-from pipeline.persona import Endpointing
+from pipeline.persona.persona import Endpointing
 from pipeline.stage import Stage
-from pipeline.turn_detector import TurnDetector
 from pipeline.turns import TurnCounter
-from pipeline.vad import FRAME_SAMPLES, SileroVAD
+from pipeline.vad.silero import FRAME_SAMPLES, SileroVAD
+from pipeline.vad.turn_detector import TurnDetector
 from pipeline.waterfall import WaterfallBook
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,1 @@
+"""Speech to text: faster-whisper, the guard against hallucinated segments, and the ASR stage."""

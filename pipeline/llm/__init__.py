@@ -1,0 +1,1 @@
+"""The answer: the LLM stage, the history it prompts with, and the speakable chunker it feeds TTS with."""
