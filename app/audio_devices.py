@@ -24,6 +24,15 @@ class AudioDeviceError(RuntimeError):
     which, and what to do."""
 
 
+def require_devices(infos) -> None:
+    """Raises AudioDeviceError unless there is at least one input and one output device."""
+    for kind, attr in (("input (microphone)", "max_input_channels"), ("output (speakers)", "max_output_channels")):
+        if not any(getattr(d, attr) > 0 for d in infos):
+            raise AudioDeviceError(f"no {kind} sound device found. Check that one is plugged in and that this "
+                                   "user may use it (Linux: the 'audio' group), or talk from another machine's "
+                                   "browser / `voxlane client`.")
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     """One sound device as the user picks it (``--input`` / ``--output`` take the index or a name part)."""

@@ -10,8 +10,8 @@ import sys
 # calls ``module.main(ARGS)``.
 DELEGATED = {
     "converse": ("app.commands.converse", "run the whole voice pipeline on WAV files, no devices"),
-    "client": ("app.client", "talk to a running server over the WebSocket protocol (--wav or --mic)"),
-    "mic": ("app.mic", "talk to Voxlane with this computer's microphone and speakers"),
+    "client": ("app.commands.client", "talk to a running server over the WebSocket protocol (--wav or --mic)"),
+    "mic": ("app.commands.mic", "talk to Voxlane with this computer's microphone and speakers"),
 }
 BENCHMARKS = {
     "answers": ("bench.answers", "answer quality on everyday questions, per model, scored by rules"),

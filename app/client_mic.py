@@ -6,10 +6,10 @@ import asyncio
 import json
 import sys
 
-from app.audio_devices import AudioDeviceError, AudioDevices, SoundDevices
-from app.client import start_session
+from app.audio_devices import AudioDeviceError, AudioDevices, SoundDevices, require_devices
 from app.echo_gate import EchoGate
 from app.playback_buffer import PlaybackBuffer
+from app.ws_client import start_session
 
 BLOCK_MS = 20
 
@@ -17,8 +17,6 @@ BLOCK_MS = 20
 async def run_mic(url: str, args, devices: AudioDevices | None = None) -> int:
     """Until Ctrl-C, ``args.turns`` answered turns, or (file microphone) the input ends and all is played."""
     import websockets
-
-    from app.mic import require_devices
 
     try:
         devices = devices or SoundDevices()

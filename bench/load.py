@@ -92,7 +92,7 @@ async def _client(url: str, index: int, keyword: str, wav: Path, num_turns: int,
                   timeout_s: float, persona: str | None, token: str, report: LoadReport, num_spoken: int) -> None:
     import websockets
 
-    from app.client import collect_turn, start_session, stream_wav
+    from app.ws_client import collect_turn, start_session, stream_wav
     from pipeline.audio import to_mono_float32
     from pipeline.wavfile import read_wav
 

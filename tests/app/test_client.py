@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from app.audio_devices import FileDevices
-from app.client import build_parser
 from app.client_mic import run_mic
+from app.commands.client import build_parser
 from app.server.runner import bind_socket
 from pipeline.wavfile import read_wav
 from tests.serve_process import ServeProcess

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from app.audio_devices import FileDevices
+from app.commands.mic import build_parser, run
 from app.config import AppConfig
-from app.mic import build_parser, run
 from app.server.pipeline_conversations import PipelineConversations
 
 pytestmark = pytest.mark.slow

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from app import audio_devices
-from app.audio_devices import AudioDeviceError, DeviceInfo
+from app.audio_devices import AudioDeviceError, DeviceInfo, require_devices
+from app.commands.mic import build_parser, run
 from app.echo_gate import EchoGate
-from app.mic import build_parser, require_devices, run
-from tests.setup_needs import need_module
 from app.playback_buffer import PlaybackBuffer
+from tests.setup_needs import need_module
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from websockets.sync.client import connect
 
-from app.client import one_turn
 from app.config import AppConfig, PersonasConfig, ServerConfig
 from app.openai_api import openai_router
 from app.server.app import create_app
 from app.server.pipeline_conversations import PipelineConversations
 from app.server.runner import BackgroundServer
+from app.ws_client import one_turn
 from pipeline.persona.store import SHIPPED_DIR
 from pipeline.wavfile import read_wav
 from tests.app.socket_checks import num_threads, start, wait_sessions_closed

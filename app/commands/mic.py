@@ -13,7 +13,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from app.audio_devices import AudioDeviceError, AudioDevices, SoundDevices
+from app.audio_devices import AudioDeviceError, AudioDevices, SoundDevices, require_devices
 from app.echo_gate import EchoGate
 
 
@@ -41,14 +41,6 @@ def list_devices(devices: AudioDevices) -> int:
         print(f"{d.index:>3}  {d.name:<40} in:{d.max_input_channels} out:{d.max_output_channels} "
               f"{d.default_rate_hz} Hz  {marks.strip()}")
     return 0
-
-
-def require_devices(infos) -> None:
-    for kind, attr in (("input (microphone)", "max_input_channels"), ("output (speakers)", "max_output_channels")):
-        if not any(getattr(d, attr) > 0 for d in infos):
-            raise AudioDeviceError(f"no {kind} sound device found. Check that one is plugged in and that this "
-                                   "user may use it (Linux: the 'audio' group), or talk from another machine's "
-                                   "browser / `voxlane client`.")
 
 
 def _printer(persona: str):
