@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
     models = load_models(config)
     personas = pick_persona(args, config)
     persona: Persona = personas if isinstance(personas, Persona) else personas.get(config.personas.default)
-    models.warm_up(persona.voice)
+    models.warm_up([persona.voice])
     texts = QUESTIONS[: args.questions]
     inputs = synthesize(texts, models, persona.voice)
     turns = []

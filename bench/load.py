@@ -200,7 +200,7 @@ def _with_local_server(args, questions) -> LoadReport:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from app.config import load_config
     from app.server.app import create_app
-    from app.server.pipeline_conversations import PipelineConversations
+    from app.pipeline_sessions import PipelineSessions
     from app.server.runner import BackgroundServer
 
     config = load_config(args.config)
@@ -210,7 +210,7 @@ def _with_local_server(args, questions) -> LoadReport:
         max_pending_sockets=max(config.server.max_pending_sockets, args.clients),
         max_pending_per_client=max(config.server.max_pending_per_client, args.clients)))
     print(f"loading models (LLM backend {config.llm.backend}) …", file=sys.stderr, flush=True)
-    factory = PipelineConversations(config)
+    factory = PipelineSessions(config)
     factory.warm_up()
     try:
         with BackgroundServer(create_app(config, factory, with_ui=False),

@@ -177,7 +177,7 @@ def main(argv: list[str]) -> int:
     models = load_models(config)
     personas = pick_persona(args, config)
     pipeline = make_pipeline(models, personas, config.personas.default, config.pipeline)
-    models.warm_up(pipeline.current_persona().voice)
+    models.warm_up([pipeline.current_persona().voice])
     try:
         result = ScriptedUser(pipeline).run(inputs, args.barge_in_at)
         history = pipeline.history

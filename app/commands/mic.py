@@ -93,15 +93,18 @@ def run(args, devices: AudioDevices | None = None, factory=None) -> MicRun:
 
     owns_factory = factory is None
     if factory is None:
-        from app.server.pipeline_conversations import PipelineConversations
+        from app.pipeline_sessions import PipelineSessions
 
         print("voxlane mic: loading models …", file=sys.stderr, flush=True)
-        factory = PipelineConversations(config_from(argparse.Namespace(config=None)), args.backend)
+        factory = PipelineSessions(config_from(argparse.Namespace(config=None)), args.backend)
     persona = args.persona or factory.default_persona()
-    if persona not in factory.persona_names():
-        print(f"voxlane mic: no persona {persona!r}; available: {', '.join(factory.persona_names())}", file=sys.stderr)
+    try:
+        pipeline = factory.open(persona, "mic")
+    except KeyError as error:  # the pipeline checks the persona; the message lists the available ones
+        print(f"voxlane mic: {error}", file=sys.stderr)
+        if owns_factory:
+            factory.close()
         return MicRun(2)
-    pipeline = factory.open(persona)
     gate = None if args.no_echo_gate else EchoGate(barge_in_ratio=args.barge_in_ratio)
     loop = LocalVoiceLoop(pipeline, devices, args.input, args.output, gate, _printer(persona))
     code = 0

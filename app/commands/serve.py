@@ -38,9 +38,8 @@ def run(args) -> int:
 
     setup_logging(args.log_level, as_json=args.log_json)
 
+    from app.pipeline_sessions import PipelineSessions
     from app.server.app import create_app
-    from app.server.pipeline_conversations import PipelineConversations
-
     from app.server.runner import bind_socket
 
     server = config.server
@@ -51,7 +50,7 @@ def run(args) -> int:
     url = f"http://{server.host}:{sock.getsockname()[1]}"
     print(f"voxlane: loading and warming up models ({config.models.asr}, {config.models.llm}, {config.models.tts}) "
           f"for {url} …", file=sys.stderr, flush=True)
-    factory = PipelineConversations(config, args.backend)
+    factory = PipelineSessions(config, args.backend)
     factory.warm_up()  # every model runs once before the server says it is serving
     from app.openai_api import openai_router
 

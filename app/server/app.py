@@ -12,15 +12,15 @@ from fastapi.staticfiles import StaticFiles
 from app.config import AppConfig
 from app.metrics import CONTENT_TYPE, Metrics
 from app.server import protocol
-from app.server.conversation import ConversationFactory
 from app.server.gate import Gate
 from app.server.registry import SessionRegistry
+from app.server.voice_session import VoiceSessionFactory
 from app.server.ws import SocketHandler
 
 STATIC_DIR = Path(__file__).parent / "static"
 
 
-def create_app(config: AppConfig, factory: ConversationFactory, with_ui: bool = True,
+def create_app(config: AppConfig, factory: VoiceSessionFactory, with_ui: bool = True,
                routers: tuple[APIRouter, ...] = ()) -> FastAPI:
     """Routes declared before the Gradio mount win, so Gradio (at ``/``) never shadows them. The
     gate in front of everything checks the access token, when one is set, for every route but
@@ -66,7 +66,7 @@ def create_app(config: AppConfig, factory: ConversationFactory, with_ui: bool = 
     return app
 
 
-def engine_stats_of(factory: ConversationFactory):
+def engine_stats_of(factory: VoiceSessionFactory):
     """The LLM backend's queue and KV-slot figures for /metrics, when it has any (our engine)."""
     stats = getattr(getattr(factory, "llm", None), "stats", None)
     if stats is None:

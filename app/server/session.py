@@ -1,4 +1,4 @@
-"""One WebSocket conversation: its Conversation (pipeline), and the thread that carries output
+"""One WebSocket session: its pipeline (a ``VoiceSession``), and the thread that carries output
 frames from the pipeline's threads onto the event loop as protocol messages.
 
 asyncio stops here: the pipeline runs on threads and is only ever called with plain methods; its
@@ -13,9 +13,9 @@ import contextvars
 import logging
 import threading
 
-from app.server.conversation import Conversation
 from app.server.events import StateTracker, audio_messages, to_messages
 from app.server.limits import TurnWatch
+from app.server.voice_session import VoiceSession
 from pipeline import frames as f
 
 log = logging.getLogger(__name__)
@@ -27,11 +27,10 @@ OUT_QUEUE_SIZE = 256  # messages; a few seconds of audio chunks
 class Session:
     """A started session. ``outbox`` holds JSON dicts and (audio header, PCM bytes) pairs."""
 
-    def __init__(self, session_id: str, conversation: Conversation, persona: str, input_rate_hz: int,
+    def __init__(self, session_id: str, pipeline: VoiceSession, input_rate_hz: int,
                  loop: asyncio.AbstractEventLoop, stall_timeout_s: float = 20.0):
         self.id = session_id
-        self.conversation = conversation
-        self.persona = persona
+        self.pipeline = pipeline  # it holds the persona, and checks a new one
         self.input_rate_hz = input_rate_hz
         self.loop = loop
         self.outbox: asyncio.Queue = asyncio.Queue(maxsize=OUT_QUEUE_SIZE)
@@ -55,7 +54,7 @@ class Session:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                frame = self.conversation.next_frame(0.1)
+                frame = self.pipeline.next_frame(0.1)
                 if frame is None:
                     if (stalled := self._watch.stalled()) is not None:
                         self._end_stalled_turn(*stalled)
@@ -116,9 +115,9 @@ class Session:
         is said instead if given): drop this turn's queued audio now, then stop the pipeline."""
         self.min_audio_gen = max(self.min_audio_gen, self.latest_gen + 1)
         if notice is None:
-            self.conversation.interrupt(reason)
+            self.pipeline.interrupt(reason)
         else:
-            self.conversation.speak_notice(notice)
+            self.pipeline.speak_notice(notice)
 
     def is_stale(self, header: dict) -> bool:
         return header["gen"] < self.min_audio_gen
@@ -127,7 +126,7 @@ class Session:
         """Blocking: stop the pump and the pipeline (threads, engine slot). Call via to_thread."""
         self._stop.set()
         try:
-            self.conversation.close()
+            self.pipeline.close()
         finally:
             self._pump.join(timeout=10)
             if self._pump.is_alive():

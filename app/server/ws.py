@@ -20,11 +20,11 @@ from app.logs import SESSION
 from app.metrics import Metrics
 from app.server import protocol as p
 from app.server.access import is_token_valid
-from app.server.conversation import ConversationFactory
 from app.server.gate import AUTHORIZED
 from app.server.limits import TokenBucket
 from app.server.registry import SessionLimitReached, SessionRegistry
 from app.server.session import CLOSED, Session
+from app.server.voice_session import VoiceSessionFactory
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class _Closed(Exception):
 class SocketHandler:
     """Serves one WebSocket connection from accept to close."""
 
-    def __init__(self, websocket: WebSocket, config: ServerConfig, factory: ConversationFactory,
+    def __init__(self, websocket: WebSocket, config: ServerConfig, factory: VoiceSessionFactory,
                  registry: SessionRegistry, metrics: Metrics | None = None):
         self.ws = websocket
         self.config = config
@@ -152,8 +152,8 @@ class SocketHandler:
                                       "(server.max_audio_speed); frames are dropped")
             self.session.num_audio_bytes_in += len(data)
             # Never waits on the event loop: a pipeline too slow to take audio loses it (counted).
-            if not self.session.conversation.push_audio(np.frombuffer(data, dtype="<i2"), self.session.input_rate_hz,
-                                                        block=False):
+            if not self.session.pipeline.push_audio(np.frombuffer(data, dtype="<i2"), self.session.input_rate_hz,
+                                                    block=False):
                 self.metrics.on_audio_dropped()
             return
         if not self._messages.take():
@@ -167,17 +167,16 @@ class SocketHandler:
         if self.session is None:
             raise p.ProtocolError(p.ErrorCode.NOT_STARTED, "the first message must be 'start'")
         if isinstance(request, p.TextInput):
-            self.session.conversation.text_input(request.text)
+            self.session.pipeline.text_input(request.text)
             await self._send_now({"type": "state", "gen": self.session.latest_gen, "state": "thinking"})
         elif isinstance(request, p.Interrupt):
             self.session.interrupt()
         elif isinstance(request, p.SetPersona):
             self._check_persona(request.persona)
-            self.session.conversation.set_persona(request.persona)
-            self.session.persona = request.persona
+            self.session.pipeline.set_persona(request.persona)
             await self._send_now({"type": "persona", "persona": request.persona, "applies": "next_turn"})
         elif isinstance(request, p.Played):
-            self.session.conversation.report_playback(request.gen, request.samples)
+            self.session.pipeline.report_playback(request.gen, request.samples)
         elif isinstance(request, p.End):
             raise _Closed
 
@@ -201,9 +200,10 @@ class SocketHandler:
         self._leave_pending()  # a session's place now, counted against max_sessions
         SESSION.set(self.session_id)  # log lines of this connection (and of threads started here) name it
         self.metrics.on_session_opened()
-        conversation = await asyncio.to_thread(self.factory.open, persona)  # starts threads: off the loop
+        # One id for the user everywhere: the registry's place, the pipeline, the LLM's KV slot, the logs.
+        pipeline = await asyncio.to_thread(self.factory.open, persona, self.session_id)  # starts threads: off the loop
         loop = asyncio.get_running_loop()
-        self.session = Session(self.session_id, conversation, persona, request.sample_rate, loop,
+        self.session = Session(self.session_id, pipeline, request.sample_rate, loop,
                                stall_timeout_s=self.config.stall_timeout_s)
         self._expiry = loop.call_later(self.config.max_session_s, self._end_session, p.ErrorCode.SESSION_EXPIRED,
                                        f"a session lasts at most {self.config.max_session_s:g} s "

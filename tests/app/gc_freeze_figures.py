@@ -42,10 +42,10 @@ def main() -> dict:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from app.config import load_config
     from app.server.app import create_app
-    from app.server.pipeline_conversations import PipelineConversations
+    from app.pipeline_sessions import PipelineSessions
 
     config = load_config(None, environ={})
-    factory = PipelineConversations(config)
+    factory = PipelineSessions(config)
     factory.warm_up()
     create_app(config, factory, with_ui=True)  # Gradio's objects are part of serve's heap too
     figures = {"load_average": os.getloadavg()}

@@ -106,7 +106,7 @@ class SilentTranscriber:
 
 
 class ScriptedModels:
-    """A ConversationFactory: a real Pipeline per session over scripted models."""
+    """A VoiceSessionFactory: a real Pipeline per session over scripted models."""
 
     def __init__(self, vad_path):
         self.llm = ScriptedLLM()
@@ -123,17 +123,16 @@ class ScriptedModels:
     def default_persona(self):
         return "nova"
 
-    def open(self, persona):
+    def open(self, persona, session_id):
         try:
             self.personas.get(persona)
         except PersonaNotFound as error:
             raise KeyError(str(error)) from error
         with self.lock:
             self.num_opened += 1
-            session = f"t{self.num_opened}"
         pipeline = Pipeline(llm=self.llm, tts=lambda voice: self.tts, personas=self.personas, persona=persona,
                             transcriber=SilentTranscriber(), vad_model=self.vad_model,
-                            config=PipelineConfig(), session=session)
+                            config=PipelineConfig(), session=session_id)
         factory = self
         original_close = pipeline.close
 

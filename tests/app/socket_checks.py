@@ -36,7 +36,7 @@ def wait_idle(server, baseline_threads: int | None = None, timeout_s: float = 30
 
 
 def wait_sessions_closed(server, baseline_threads: int | None = None, timeout_s: float = 60.0) -> None:
-    """For a server on real models (PipelineConversations): no session, no pipeline, and no more
+    """For a server on real models (PipelineSessions): no session, no pipeline, and no more
     threads than ``baseline_threads``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -24,8 +24,8 @@ import pytest
 
 from app.config import AppConfig, ModelsConfig, PersonasConfig, ServerConfig
 from app.malloc_arenas import limit_malloc_arenas
+from app.pipeline_sessions import PipelineSessions
 from app.server.app import create_app
-from app.server.pipeline_conversations import PipelineConversations
 from app.server.runner import BackgroundServer
 from app.server.session import Session
 from app.server.ws import SocketHandler
@@ -76,11 +76,11 @@ def server(tmp_path_factory):
     config = AppConfig(server=ServerConfig(stall_timeout_s=120.0), models=ModelsConfig(asr="whisper-tiny.en"),
                        pipeline=PipelineConfig(asr=ASRConfig(num_workers=2, cpu_threads=1)),
                        personas=PersonasConfig(user_dir=personas, default="terse"))
-    factory = PipelineConversations(config)
+    factory = PipelineSessions(config)
     factory.warm_up()
     opened = []
     open_pipeline = factory.open
-    factory.open = lambda persona: opened.append(pipeline := open_pipeline(persona)) or pipeline
+    factory.open = lambda persona, session_id: opened.append(pipeline := open_pipeline(persona, session_id)) or pipeline
     app = create_app(config, factory, with_ui=False)
     with BackgroundServer(app) as running:
         running.factory, running.registry, running.opened = factory, app.state.registry, opened

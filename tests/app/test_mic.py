@@ -9,14 +9,14 @@ import pytest
 from app.audio_devices import FileDevices
 from app.commands.mic import build_parser, run
 from app.config import AppConfig
-from app.server.pipeline_conversations import PipelineConversations
+from app.pipeline_sessions import PipelineSessions
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def factory():
-    made = PipelineConversations(AppConfig())  # the configured default backend
+    made = PipelineSessions(AppConfig())  # the configured default backend
     made.warm_up()
     yield made
     made.close()

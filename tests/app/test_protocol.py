@@ -21,8 +21,8 @@ from websockets.sync.client import connect
 
 from app.config import AppConfig, PersonasConfig, ServerConfig
 from app.openai_api import openai_router
+from app.pipeline_sessions import PipelineSessions
 from app.server.app import create_app
-from app.server.pipeline_conversations import PipelineConversations
 from app.server.runner import BackgroundServer
 from app.ws_client import one_turn
 from pipeline.persona.store import SHIPPED_DIR
@@ -42,7 +42,7 @@ def server(tmp_path_factory):
                                                  nova.replace('name = "Nova"', 'name = "Steady"')))
     # stall_timeout_s: on 2 shared cores long answers to concurrent sessions are slow, not stalled.
     config = AppConfig(server=ServerConfig(stall_timeout_s=300.0), personas=PersonasConfig(user_dir=personas))
-    factory = PipelineConversations(config)  # the configured default backend: our engine
+    factory = PipelineSessions(config)  # the configured default backend: our engine
     factory.warm_up()
     app = create_app(config, factory, with_ui=False, routers=(openai_router(factory.llm, config.models.llm),))
     with BackgroundServer(app) as running:

@@ -73,7 +73,7 @@ class ScriptedFactory:
     def default_persona(self):
         return "nova"
 
-    def open(self, persona):
+    def open(self, persona, session_id):
         conversation = ScriptedConversation(persona)
         with self.lock:
             self.opened.append(conversation)

@@ -113,8 +113,8 @@ def test_the_output_pump_logs_under_its_session(log_stream):
     from websockets.sync.client import connect
 
     class BrokenFactory(ScriptedFactory):
-        def open(self, persona):
-            conversation = super().open(persona)
+        def open(self, persona, session_id):
+            conversation = super().open(persona, session_id)
             conversation.next_frame = lambda timeout_s: 1 / 0  # the pump's own failure, logged by the pump thread
             return conversation
 

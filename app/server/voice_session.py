@@ -1,8 +1,8 @@
 """What a server session needs from the voice pipeline, and the factory that makes one per session.
 
 The server never touches stages or models: it pushes input in, pulls output frames out, and
-closes. ``PipelineConversations`` (app/server/pipeline_conversations.py) is the real
-implementation on pipeline.Pipeline; tests may pass any object with the same methods.
+closes. ``PipelineSessions`` (app/pipeline_sessions.py) is the real implementation on
+pipeline.Pipeline; tests may pass any object with the same methods.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 from pipeline.frames import Frame
 
 
-class Conversation(Protocol):
+class VoiceSession(Protocol):
     """One user's conversation: a running pipeline with its own history and turn counter."""
 
     def push_audio(self, pcm: np.ndarray, sample_rate_hz: int, block: bool = True) -> bool:
@@ -42,14 +42,15 @@ class Conversation(Protocol):
         """Stop every thread and free the LLM slot; idempotent."""
 
 
-class ConversationFactory(Protocol):
-    """Shared, loaded-once models, and a new Conversation per session."""
+class VoiceSessionFactory(Protocol):
+    """Shared, loaded-once models, and a new VoiceSession per session."""
 
     def persona_names(self) -> list[str]: ...
 
     def default_persona(self) -> str: ...
 
-    def open(self, persona: str) -> Conversation:
-        """A new conversation; raises KeyError for an unknown persona."""
+    def open(self, persona: str, session_id: str) -> VoiceSession:
+        """A new session's pipeline, known by ``session_id`` everywhere (the registry's id: also the
+        LLM session that keeps its KV slot); raises KeyError for an unknown persona."""
 
     def close(self) -> None: ...
