@@ -41,17 +41,15 @@ PAIRS = [("What should I cook for dinner tonight?", "What should I cook for"),
          ("Remind me to buy milk tomorrow morning.", "Remind me to")]
 
 
-def test_a_finished_question_scores_above_the_same_question_cut_mid_sentence(smart_turn, piper, whisper_base_dir):
+def test_a_finished_question_scores_above_the_same_question_cut_mid_sentence(smart_turn, piper, transcriber):
     """Each question said whole, and the same audio cut where the unfinished words end (Whisper's
     word timestamps, as ``voxlane bench turns`` cuts it): the prosody of a sentence stopped midway,
     which is what a thinking pause sounds like. Piper samples its voice's noise anew every call, so
     one cut alone swings (0.01 to 0.95 measured); two takes of each, compared on average: whole
     questions 0.94-0.97 (each above 0.8), cut ones 0.47-0.61 (6 runs of these 8 takes)."""
-    from faster_whisper import WhisperModel
-
     from bench.turn_set import cut_point
 
-    whisper = WhisperModel(str(whisper_base_dir), device="cpu", compute_type="int8", cpu_threads=1)
+    whisper = transcriber.model  # the session's Whisper: its word timestamps place the cut
     whole, cut = [], []
     for complete, unfinished in PAIRS:
         for _ in range(2):
