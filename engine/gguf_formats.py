@@ -18,13 +18,15 @@ is available. The formulas are ggml's (``ggml-quants.c``'s ``dequantize_row_*``)
 from __future__ import annotations
 
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import Tensor
 
 F32, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K = 0, 2, 3, 6, 8, 12, 14  # ggml type ids
 I8 = 1000  # ours: per-output-channel int8 (engine.quant), a row scale outside the blocks
 NAMES = {F32: "F32", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K", I8: "I8"}
-GEOMETRY = {F32: (1, 4), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q8_0: (32, 34), Q4_K: (256, 144),
-            Q6_K: (256, 210), I8: (1, 1)}  # (weights per block, bytes per block)
+# (weights per block, bytes per block), as the gguf package states them for the file's reader
+GEOMETRY = {t: GGML_QUANT_SIZES[GGMLQuantizationType(t)] for t in (F32, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)}
+GEOMETRY[I8] = (1, 1)
 
 
 def row_bytes(format: int, cols: int) -> int:
