@@ -46,6 +46,7 @@ class ASRConfig:
     beam_size: int = 1
     is_short_context: bool = True  # encode only the audio + context_pad_s, not 30 s (see pipeline/asr/whisper.py)
     context_pad_s: float = 3.0
+    loop_retry_pad_s: float = 1.5  # a short-context loop is decoded again with this much more pad (0: straight to 30 s)
     partial_interval_ms: int = 700  # re-transcribe the growing buffer this often while the user speaks
     is_partial_enabled: bool = True
     no_speech_threshold: float = 0.6  # a segment is dropped when no_speech_prob is above this ...
@@ -65,6 +66,7 @@ class ASRConfig:
         check(1 <= self.num_workers <= 64, "num_workers", f"must be in [1, 64], got {self.num_workers}")
         check(1 <= self.beam_size <= 10, "beam_size", f"must be in [1, 10], got {self.beam_size}")
         check(0.5 <= self.context_pad_s <= 20.0, "context_pad_s", f"must be in [0.5, 20], got {self.context_pad_s}")
+        check(0.0 <= self.loop_retry_pad_s <= 20.0, "loop_retry_pad_s", f"must be in [0, 20], got {self.loop_retry_pad_s}")
         check(200 <= self.partial_interval_ms <= 10000, "partial_interval_ms",
               f"must be in [200, 10000], got {self.partial_interval_ms}")
         check(0.0 <= self.no_speech_threshold <= 1.0, "no_speech_threshold", "must be in [0, 1]")

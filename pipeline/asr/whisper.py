@@ -3,8 +3,13 @@
 Short-context decoding: Whisper pads every input to 30 s, so the encoder costs ~0.9 s on this
 2-core machine whatever the length. CTranslate2 accepts a shorter encoder input, so a 2 s
 question is encoded as 2 s + ``context_pad_s`` of silence (~0.1 s). The silence pad keeps the
-decoder from looping (measured here: 3 loops in 15 clips with 1 s of pad, none with 3 s);
-a result that still looks like a loop is decoded again the standard 30 s way.
+decoder from looping (measured here: 3 loops in 15 clips with 1 s of pad, none with 3 s), but
+not always: which clip loops depends on the exact buffer, to a frame ("Give me a tip for sleeping
+better." loops with 3.0 s of pad, not with 2.5 or 3.5 s). The usual loop reads the whole utterance
+twice ("Give me a tip for sleeping better. Give me a tip for sleeping better."): one copy is kept.
+Any other loop is decoded once more with ``loop_retry_pad_s`` more pad (~0.1 s), and only a loop
+that survives that takes the standard 30 s way (~0.9 s quiet, seconds under load: it was the 2.1 s
+final transcript of that question in ``voxlane bench latency``).
 """
 from __future__ import annotations
 
@@ -40,6 +45,16 @@ def repeats_itself(text: str, n: int = 4) -> bool:
     return False
 
 
+def one_copy(text: str, min_words: int = 4) -> str | None:
+    """The utterance when ``text`` is it read two or more times over (at least ``min_words`` words
+    each, as ``repeats_itself`` counts), else None: "A b c d. A b c d." -> "A b c d."."""
+    words = text.split()
+    for size in range(min_words, len(words) // 2 + 1):
+        if len(words) % size == 0 and all(words[i:i + size] == words[:size] for i in range(size, len(words), size)):
+            return " ".join(words[:size])
+    return None
+
+
 class WhisperTranscriber:
     """One loaded Whisper model, shared by many sessions. At most ``config.num_workers`` calls
     run at once (CTranslate2 keeps that many model replicas, ``inter_threads``, sharing the
@@ -70,12 +85,21 @@ class WhisperTranscriber:
             tokenizer = self._tokenizers[key]
         return tokenizer, list(tokenizer.sot_sequence) + [tokenizer.no_timestamps]
 
-    def _short_context(self, audio: np.ndarray, language: str | None) -> Segment | None:
-        """One decode over (audio + pad) only; None when it looks like a loop (caller falls back)."""
+    def _short_context(self, audio: np.ndarray, language: str | None, is_partial: bool = False) -> Segment | None:
+        """Decodes (audio + pad) only; a whole-utterance repeat keeps one copy, another loop is
+        decoded once more with more pad (not for a partial: it is just skipped); None when that
+        loops too (the caller falls back)."""
+        segment = self._decode_padded(audio, language, self.config.context_pad_s)
+        if segment is None and not is_partial and self.config.loop_retry_pad_s > 0:
+            segment = self._decode_padded(audio, language, self.config.context_pad_s + self.config.loop_retry_pad_s)
+        return segment
+
+    def _decode_padded(self, audio: np.ndarray, language: str | None, pad_s: float) -> Segment | None:
+        """One decode over audio + ``pad_s`` of silence; None when it looks like a loop."""
         import ctranslate2
         from faster_whisper.transcribe import get_compression_ratio
 
-        padded = np.concatenate([audio, np.zeros(int(16000 * self.config.context_pad_s), np.float32)])
+        padded = np.concatenate([audio, np.zeros(int(16000 * pad_s), np.float32)])
         features = self.model.feature_extractor(padded)[:, :-1]
         frames = min(3000, features.shape[1] + features.shape[1] % 2)  # the encoder halves it: keep it even
         batch = np.zeros((1, features.shape[0], frames), np.float32)
@@ -88,6 +112,8 @@ class WhisperTranscriber:
                                            suppress_blank=True, suppress_tokens=[-1])[0]
         ids = [t for t in result.sequences_ids[0] if t < tokenizer.eot]
         text = tokenizer.decode(ids).strip()
+        if len(ids) < max_new and repeats_itself(text):
+            text = one_copy(text) or text
         ratio = get_compression_ratio(text) if text else 0.0
         if len(ids) >= max_new or ratio > self.config.max_compression_ratio or repeats_itself(text):
             return None
@@ -102,7 +128,7 @@ class WhisperTranscriber:
             return ASRResult("")
         with self._slots:
             if self.config.is_short_context and len(audio) < 16000 * (30 - self.config.context_pad_s):
-                segment = self._short_context(audio.astype(np.float32, copy=False), language)
+                segment = self._short_context(audio.astype(np.float32, copy=False), language, is_partial)
                 if segment is not None:
                     text, dropped = keep_segments([segment], self.config)
                     return ASRResult(text, [segment], dropped)

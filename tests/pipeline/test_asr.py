@@ -7,6 +7,7 @@ import pytest
 
 from bench.wer import wer, word_errors
 from pipeline.asr.guard import Segment, drop_reason
+from pipeline.asr.whisper import one_copy
 from pipeline.config import ASRConfig
 
 SENTENCES = [
@@ -56,7 +57,7 @@ def test_short_context_falls_back_on_a_loop(transcriber, say):
     transcriber._short_context = lambda *a, **k: short.append(original_short(*a, **k)) or short[-1]
     transcriber.model.transcribe = lambda *a, **k: fallbacks.append(1) or original_full(*a, **k)
     before = transcriber.config
-    transcriber.config = ASRConfig(context_pad_s=0.5)
+    transcriber.config = ASRConfig(context_pad_s=0.5, loop_retry_pad_s=0.0)  # no second short decode
     try:
         results = {sentence: transcriber.transcribe(say(sentence, "flite")[0]) for sentence in LOOPING}
     finally:
@@ -71,6 +72,42 @@ def test_short_context_falls_back_on_a_loop(transcriber, say):
         assert wer(sentence, results[sentence].text) <= 0.5, results[sentence]
     errors = [word_errors(s, results[s].text) for s in loops]
     assert sum(e for e, _ in errors) <= 0.3 * sum(n for _, n in errors), errors
+
+
+def test_a_loop_is_decoded_again_with_more_pad_before_the_slow_fallback(transcriber, say):
+    """The same looping clips with the second short decode (0.5 s + 1.5 s of pad): right words, and
+    the 30 s decode (~0.9 s quiet, seconds under load) only for a clip that loops again (measured:
+    "Remind me ..." is read right at 2.0 s of pad, the cats clip loops at both)."""
+    pads, fallbacks = [], []
+    original_decode, original_full = transcriber._decode_padded, transcriber.model.transcribe
+    transcriber._decode_padded = lambda audio, language, pad_s: pads.append(pad_s) or original_decode(audio, language,
+                                                                                                      pad_s)
+    transcriber.model.transcribe = lambda *a, **k: fallbacks.append(1) or original_full(*a, **k)
+    before = transcriber.config
+    transcriber.config = ASRConfig(context_pad_s=0.5, loop_retry_pad_s=1.5)
+    try:
+        results = {sentence: transcriber.transcribe(say(sentence, "flite")[0]).text for sentence in LOOPING}
+    finally:
+        transcriber.config = before
+        transcriber._decode_padded, transcriber.model.transcribe = original_decode, original_full
+    print(pads, results)
+    retries = pads.count(2.0)
+    assert retries, "no clip looped at 0.5 s of pad: the second decode was not exercised"
+    assert len(fallbacks) < retries  # the second decode read at least one loop right
+    errors = [word_errors(s, results[s]) for s in LOOPING]
+    assert sum(e for e, _ in errors) <= 0.3 * sum(n for _, n in errors), errors
+
+
+@pytest.mark.parametrize("text, kept", [
+    ("Give me a tip for sleeping better. Give me a tip for sleeping better.", "Give me a tip for sleeping better."),
+    ("What is the capital of France? What is the capital of France? What is the capital of France?",
+     "What is the capital of France?"),
+    ("Stop. Stop.", None),  # under four words: not the loop repeats_itself catches
+    ("Tell me a joke. Tell me a story.", None),
+    ("Give me a tip for sleeping better. Give me a tip for", None),  # cut by max_length: not one copy
+])
+def test_one_copy_of_a_whole_utterance_read_twice(text, kept):
+    assert one_copy(text) == kept
 
 
 @pytest.mark.parametrize("segment, reason", [
