@@ -9,6 +9,12 @@ is kept up to ``MAX_GAP_MS`` only: after a long thinking pause ("What is the cap
 Whisper often ends its text at the pause and never reads the rest ("How many legs does?"), so
 after a longer pause the words before it are kept as heard at that pause and only the audio after
 it is transcribed (forcing them as Whisper's prefix was tried: it then repeats them).
+
+The transcript is ready when the pause comes: at the first silent frame after speech the buffer is
+transcribed at once as a partial (the LLM stage prefills and probes it meanwhile), and the final at
+the pause reuses the last partial when no voiced audio came after that partial's buffer (Whisper
+would read the same words again, ~160 ms later). Speech going on after that partial only costs the
+one call a periodic partial would.
 """
 from __future__ import annotations
 
@@ -71,6 +77,8 @@ class ASRStage(Stage):
         self._head_logprob: float | None = None  # Whisper's confidence in them
         self._head_text = ""  # words before a long pause, kept as heard; the buffer holds what follows
         self._head_text_logprob: float | None = None
+        self._voiced_end = 0  # _num_samples at the end of the last voiced frame
+        self._partial: tuple[int, str, float | None] | None = None  # (_num_samples it covered, text, confidence)
 
     def before_purge(self, interrupt: Interrupt, queued) -> None:
         if interrupt.reason == "resume":
@@ -84,6 +92,7 @@ class ASRStage(Stage):
         self._gen, self._chunks, self._num_samples, self._silent_run = gen, [], 0, 0
         self._head, self._head_text, self._head_logprob, self._head_text_logprob = "", "", None, None
         self._last_partial_at, self._is_final_sent = 0, False
+        self._voiced_end, self._partial = 0, None
 
     def _buffer(self) -> np.ndarray:
         if len(self._chunks) > 1:
@@ -103,13 +112,20 @@ class ASRStage(Stage):
                         # heard, and only what follows is transcribed (with a gap's worth of silence).
                         self._head_text, self._head_text_logprob = self._head, self._head_logprob
                         self._chunks = [np.zeros(MAX_GAP_MS * RATE // 1000, np.float32)]
+                        self._partial = None  # it read the old buffer
                 else:
                     self._reset(frame.gen)
+            is_silence_onset = not frame.is_speech and self._silent_run == 0 and self._voiced_end > 0
             self._silent_run = 0 if frame.is_speech else self._silent_run + len(frame.samples)
             if self._silent_run <= MAX_GAP_MS * RATE // 1000:
                 self._chunks.append(frame.samples)
             self._num_samples += len(frame.samples)
-            yield from self._maybe_partial(frame)
+            if frame.is_speech:
+                self._voiced_end = self._num_samples
+            if is_silence_onset and self.config.is_partial_enabled and not self._is_read_to_the_end():
+                yield from self._partial_now(frame.gen)  # the words so far, ready before the pause
+            else:
+                yield from self._maybe_partial(frame)
         elif isinstance(frame, SpeechPaused):
             if frame.gen == self._gen and not self._is_final_sent:
                 yield from self._final(frame.gen, is_end=False)
@@ -125,25 +141,42 @@ class ASRStage(Stage):
         # Behind on audio (more than ~3 frames queued): skip, the final matters more than a partial.
         if not (self.config.is_partial_enabled and due and frame.is_speech and self._inbox.qsize() <= 3):
             return
+        yield from self._partial_now(frame.gen)
+
+    def _partial_now(self, gen: int) -> Iterable[Frame]:
         self._last_partial_at = self._num_samples
         result = self.transcriber.transcribe(self._buffer(), self.language(), is_partial=True)
-        if result.text and not self.is_stale(frame.gen):
-            yield Transcript(gen=frame.gen, text=join_words(self._head_text, result.text), is_final=False)
+        confidence = min((seg.avg_logprob for seg in result.segments), default=None)
+        self._partial = (self._num_samples, result.text, confidence) if result.text else None
+        if result.text and not self.is_stale(gen):
+            yield Transcript(gen=gen, text=join_words(self._head_text, result.text), is_final=False)
 
     def _final(self, gen: int, is_end: bool) -> Iterable[Frame]:
-        result = self.transcriber.transcribe(self._buffer(), self.language())
-        confidence = min((seg.avg_logprob for seg in result.segments), default=None)
-        if self._head_text and result.text:
-            confidence = joined_confidence(self._head_text, self._head_text_logprob, result.text, confidence)
-            result.text = join_words(self._head_text, result.text)
+        if self._is_read_to_the_end():
+            # The last partial read every voiced frame of this buffer: its words are the final's.
+            text, confidence = self._partial[1], self._partial[2]
+            self.book.set(gen, "asr_final_reused", 1)
+        else:
+            result = self.transcriber.transcribe(self._buffer(), self.language())
+            text, confidence = result.text, min((seg.avg_logprob for seg in result.segments), default=None)
+            if result.dropped:
+                log.info("ASR dropped: %s", "; ".join(result.dropped))
+        yield from self._send_final(gen, is_end, text, confidence)
+
+    def _is_read_to_the_end(self) -> bool:
+        """Whether the last partial's buffer held every voiced frame heard so far."""
+        return self._partial is not None and self._partial[0] >= self._voiced_end
+
+    def _send_final(self, gen: int, is_end: bool, text: str, confidence: float | None) -> Iterable[Frame]:
+        if self._head_text and text:
+            confidence = joined_confidence(self._head_text, self._head_text_logprob, text, confidence)
+            text = join_words(self._head_text, text)
         log.debug("final of turn %d (%s, %.2f s of audio): %r (avg log-prob %s)", gen, "end" if is_end else "pause",
-                  self._num_samples / RATE, result.text, confidence)
-        if result.dropped:
-            log.info("ASR dropped: %s", "; ".join(result.dropped))
-        if result.text:
-            self._is_final_sent, self._head, self._head_logprob = True, result.text, confidence
+                  self._num_samples / RATE, text, confidence)
+        if text:
+            self._is_final_sent, self._head, self._head_logprob = True, text, confidence
             self.book.mark(gen, "asr_final", time.monotonic())
-            yield Transcript(gen=gen, text=result.text, is_final=True, avg_logprob=confidence)
+            yield Transcript(gen=gen, text=text, is_final=True, avg_logprob=confidence)
         elif is_end:  # VAD heard something, Whisper found no words in it: no turn
             self._is_final_sent = True
             self.book.set(gen, "dropped", "no words recognized")

@@ -1,9 +1,12 @@
 """LLM stage: a final transcript (or typed text) in, the answer out as text deltas and speakable
 chunks. The persona is read at the start of every turn, so edits apply at the next turn.
 
-At a pause in "semantic" endpointing, the final transcript is first read as an open sentence
-(``probe_sentence_end``: one prefill into the session's slot, no sampling) for the end-of-turn
-text signal; the answer submitted right after reuses that prefill."""
+In "semantic" endpointing the end-of-turn text signal is the engine's probability that the words
+end a sentence (``probe_sentence_end``: one prefill into the session's slot, no sampling). Each
+partial transcript's speculative prefill is that probe, so when the final transcript has the last
+partial's words (ASR reads them at the first silent frame, before the pause) the signal is already
+known and the answer is submitted at once; otherwise the final is probed first, in series. Either
+way the answer reuses the prefill."""
 from __future__ import annotations
 
 import logging
@@ -46,6 +49,7 @@ class LLMStage(Stage):
         self.session = session
         self._active: tuple[int, Completion] | None = None
         self._shared_prompt: str | None = None  # the system prompt last given to the backend to share
+        self._probed: tuple[int, str, float | None] | None = None  # (gen, words, P(sentence end)) of the last partial
         self._lock = threading.Lock()
 
     def setup(self) -> None:
@@ -117,9 +121,20 @@ class LLMStage(Stage):
         if not text.strip() or self.is_stale(gen):
             return
         try:
-            prefill(self._prompt(gen, self.persona(), text)[0], self.session)
+            persona = self.persona()
+            if self._probes_words(persona):  # the same prefill, read for the end-of-turn signal too
+                words = strip_trailing_punctuation(text)
+                if words:
+                    p_text = self.backend.probe_sentence_end(self._prompt(gen, persona, words)[0], self.session)
+                    self._probed = (gen, words, p_text)
+                return
+            prefill(self._prompt(gen, persona, text)[0], self.session)
         except Exception:
             log.warning("prefilling a partial transcript failed", exc_info=True)
+
+    def _probes_words(self, persona: Persona) -> bool:
+        return self.endpointer is not None and self.endpointer.can_probe_text and \
+            persona.endpointing.mode == "semantic"
 
     def _probe_end_of_turn(self, gen: int, text: str, words_logprob: float | None) -> None:
         """The text signal for the endpointer, if it waits for one on this turn."""
@@ -128,7 +143,10 @@ class LLMStage(Stage):
         p_text = None
         try:
             words = strip_trailing_punctuation(text)
-            if words:
+            if self._probed is not None and self._probed[:2] == (gen, words):
+                p_text = self._probed[2]  # the last partial said these words: already probed
+                self.book.set(gen, "text_probe_reused", 1)
+            elif words:
                 p_text = self.backend.probe_sentence_end(self._prompt(gen, self.persona(), words)[0], self.session)
         except Exception:  # refused or failed: the audio signal (or the long silence) still ends the turn
             log.warning("end-of-turn text probe failed", exc_info=True)

@@ -183,3 +183,58 @@ def test_endpointing_settings_are_validated():
         build(Endpointing, {"short_silence_ms": 800, "long_silence_ms": 400}, "p.toml")
     with pytest.raises(SchemaError, match="threshold"):
         build(Endpointing, {"threshold": 1.5}, "p.toml")
+
+
+class ProbingBackend:
+    """A FakeBackend with our engine's probe: records the order of probes and answers."""
+
+    def __init__(self):
+        from tests.pipeline.fakes import FakeBackend
+
+        self.fake, self.log = FakeBackend(["Madrid."]), []
+        self.count_tokens, self.context_length = self.fake.count_tokens, self.fake.context_length
+
+    def prefill(self, messages, session=None, probe_ids=None):
+        self.log.append(("prefill", messages[-1]["content"]))
+
+    def probe_sentence_end(self, messages, session=None):
+        self.log.append(("probe", messages[-1]["content"]))
+        return 0.6
+
+    def generate(self, messages, sampling, session=None):
+        self.log.append(("answer", messages[-1]["content"]))
+        return self.fake.generate(messages, sampling, session)
+
+
+def probed_turn(partial: str, final: str, mode: str = "semantic") -> tuple[list, Endpointer]:
+    """A partial, the pause, then the final through a bare LLM stage (frames processed in order)."""
+    import dataclasses
+
+    from pipeline.config import ChunkerConfig, LLMStageConfig
+    from pipeline.frames import Transcript
+    from pipeline.llm.history import History
+    from pipeline.llm.stage import LLMStage
+    from pipeline.persona.store import PersonaStore
+
+    nova = PersonaStore().get("nova")
+    persona = dataclasses.replace(nova, endpointing=dataclasses.replace(SEMANTIC, mode=mode))
+    backend, endpointer = ProbingBackend(), Endpointer(None, can_probe_text=True, wake=lambda gen: None)
+    stage = LLMStage(backend, lambda: persona, History(), LLMStageConfig(is_prewarm_enabled=False), ChunkerConfig(),
+                     WaterfallBook(), session="probe-talk", endpointer=endpointer)
+    list(stage.process(Transcript(gen=1, text=partial, is_final=False)))
+    if mode == "semantic":  # as the VAD stage does
+        endpointer.on_pause(1, np.zeros(16000, np.float32), persona.endpointing)
+    list(stage.process(Transcript(gen=1, text=final, is_final=True, avg_logprob=-0.1)))
+    return backend.log, endpointer
+
+
+def test_the_last_partials_probe_is_the_finals_and_the_answer_starts_at_once():
+    log, endpointer = probed_turn("What is the capital of Spain?", "What is the capital of Spain?")
+    assert log == [("probe", "What is the capital of Spain"), ("answer", "What is the capital of Spain?")]
+    assert endpointer.verdict(1) is not None and endpointer.verdict(1).p_text == 0.6
+    # other words at the final: probed again, before the answer
+    log, _ = probed_turn("What is the capital", "What is the capital of Spain?")
+    assert log == [("probe", "What is the capital"), ("probe", "What is the capital of Spain"),
+                   ("answer", "What is the capital of Spain?")]
+    log, _ = probed_turn("What is the capital of Spain?", "What is the capital of Spain?", mode="silence")
+    assert log == [("prefill", "What is the capital of Spain?"), ("answer", "What is the capital of Spain?")]
