@@ -2,7 +2,10 @@
 
 The first piece is short (it ends at the first clause or sentence boundary after a few words)
 so the first audio comes fast; later pieces end at sentence boundaries and run longer, which
-sounds more natural. A boundary is only decided once the character after it has arrived, so
+sounds more natural. How much longer ramps up: piece n (from 0) is cut after at most
+``first_max_words * 2**n`` words (then ``max_words``), at a clause after half that, so each piece is
+synthesized while the one before it plays (a 30-word second piece left seconds of silence after
+the first under load). A boundary is only decided once the character after it has arrived, so
 "3.14" and "e.g. this" are never split: a period followed by a digit is not a boundary, and a
 period after a known abbreviation is not a sentence end.
 """
@@ -58,6 +61,8 @@ class SpeakableChunker:
 
     def _find_cut(self) -> int | None:
         is_first = self.num_chunks == 0
+        limit = self._max_words()
+        clause_words = min(self.config.clause_words, max(self.config.min_words, limit // 2))
         for match in _BOUNDARY.finditer(self._pending):
             end = match.end()
             mark = match.group(0).strip()
@@ -73,9 +78,15 @@ class SpeakableChunker:
                 return end
             if not is_first and is_sentence and words >= self.config.min_words:
                 return end
-            if not is_first and words >= self.config.clause_words:
+            if not is_first and words >= clause_words:
                 return end
-        return self._forced_cut(self.config.first_max_words if is_first else self.config.max_words)
+        return self._forced_cut(limit)
+
+    def _max_words(self) -> int:
+        """The longest the next piece may be: doubling from the first's, up to max_words."""
+        if self.num_chunks == 0:
+            return self.config.first_max_words
+        return min(self.config.max_words, self.config.first_max_words << min(self.num_chunks, 8))
 
     def _is_sentence_end(self, dot: int) -> bool:
         if self._pending[dot] != ".":

@@ -29,6 +29,16 @@ def test_first_chunk_short_later_chunks_longer(step):
     assert " ".join(out) == text
 
 
+@pytest.mark.parametrize("step", [1, 1000])
+def test_later_chunks_grow_step_by_step(step):
+    """No long second chunk: each is at most twice the one before (5, 10, 20, then 30 words), so TTS
+    has it ready while the previous one plays."""
+    text = " ".join(f"word{i}" for i in range(120)) + "."
+    out = chunks(text, step)
+    assert [len(c.split()) for c in out[:5]] == [5, 10, 20, 30, 30]
+    assert " ".join(out) == text
+
+
 @pytest.mark.parametrize("text", [
     "Pi is roughly 3.14159 and e is about 2.71828 in most textbooks.",
     "Bring snacks, e.g. apples or nuts, and water, i.e. at least a litre.",
