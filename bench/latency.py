@@ -68,7 +68,9 @@ def turn_figures(turn, text: str) -> dict:
 
     ms = turn.waterfall.get("ms", {})
     errors, num_words = word_errors(text, turn.user)
+    counts = turn.waterfall.get("counts", {})
     return {"question": text, "heard": turn.user, "voice_to_voice_ms": turn.voice_to_voice_ms, "ms": ms,
+            "reused": {name: bool(counts.get(name)) for name in ("asr_final_reused", "text_probe_reused")},
             "word_errors": errors, "words": num_words, "early_asr": "asr_final" in ms and
             ms.get("asr_final", 0) < ms.get("turn_end_detected", 0)}
 
@@ -156,12 +158,13 @@ def report(turns: list[dict], barge: dict, args, config) -> dict:
     v2v = [t["voice_to_voice_ms"] for t in turns if t["voice_to_voice_ms"] is not None]
     stages = {name: summary([t["ms"][name] for t in turns if name in t["ms"]]) for name in STAGES}
     errors, words = sum(t["word_errors"] for t in turns), sum(t["words"] for t in turns)
+    reused = {name: sum(t["reused"][name] for t in turns) for name in ("asr_final_reused", "text_probe_reused")}
     return {"conditions": {"load_average": [round(x, 2) for x in os.getloadavg()], "cpu_count": os.cpu_count(),
                            "asr": config.models.asr, "llm": config.models.llm, "llm_backend": config.llm.backend,
                            "max_tokens": args.max_tokens, "partials": config.pipeline.asr.is_partial_enabled,
                            "pause_ms": config.pipeline.vad.pause_ms},
             "voice_to_voice_ms": summary(v2v), "stages_ms_from_vad_speech_end": stages,
-            "wer": round(errors / max(1, words), 4), "turns": turns, "barge_in": barge}
+            "wer": round(errors / max(1, words), 4), "reused": reused, "turns": turns, "barge_in": barge}
 
 
 def print_report(data: dict) -> None:
@@ -174,6 +177,9 @@ def print_report(data: dict) -> None:
     v = data["voice_to_voice_ms"]
     print(f"  {'VOICE-TO-VOICE (true end of speech -> first audio)':<48} {v['p50']:>8} {v['p95']:>8}")
     print(f"ASR word error rate on the questions: {100 * data['wer']:.1f} %")
+    n, reused = data["voice_to_voice_ms"]["n"], data["reused"]
+    print(f"ready at the pause: final transcript in {reused['asr_final_reused']} of {n} turns, the words' "
+          f"end-of-turn probe in {reused['text_probe_reused']}")
     if data["barge_in"]:
         b = data["barge_in"]
         print(f"barge-in: playback stopped p50 {b['stop_ms']['p50']} / p95 {b['stop_ms']['p95']} ms of audio after "

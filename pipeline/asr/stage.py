@@ -123,7 +123,9 @@ class ASRStage(Stage):
             if frame.is_speech:
                 self._voiced_end = self._num_samples
             if is_silence_onset and self.config.is_partial_enabled and not self._is_read_to_the_end():
-                yield from self._partial_now(frame.gen)  # the words so far, ready before the pause
+                # the words so far, ready before the pause; read as a final would be (a decode that
+                # loops is tried again, not skipped: the final would only have to read it again)
+                yield from self._partial_now(frame.gen, is_final_read=True)
             else:
                 yield from self._maybe_partial(frame)
         elif isinstance(frame, SpeechPaused):
@@ -143,9 +145,9 @@ class ASRStage(Stage):
             return
         yield from self._partial_now(frame.gen)
 
-    def _partial_now(self, gen: int) -> Iterable[Frame]:
+    def _partial_now(self, gen: int, is_final_read: bool = False) -> Iterable[Frame]:
         self._last_partial_at = self._num_samples
-        result = self.transcriber.transcribe(self._buffer(), self.language(), is_partial=True)
+        result = self.transcriber.transcribe(self._buffer(), self.language(), is_partial=not is_final_read)
         confidence = min((seg.avg_logprob for seg in result.segments), default=None)
         self._partial = (self._num_samples, result.text, confidence) if result.text else None
         if result.text and not self.is_stale(gen):

@@ -17,7 +17,7 @@ class ScriptedTranscriber:
     """Says how many 32 ms frames of audio it was given, and counts its calls."""
 
     def __init__(self):
-        self.calls: list[tuple[int, bool]] = []  # (frames in the buffer, is_partial)
+        self.calls: list[tuple[int, bool]] = []  # (frames in the buffer, is_partial: skipped if it loops)
 
     def transcribe(self, audio, language="en", is_partial=False) -> ASRResult:
         self.calls.append((len(audio) // FRAME, is_partial))
@@ -43,7 +43,7 @@ def make_stage() -> tuple[ASRStage, ScriptedTranscriber, WaterfallBook]:
 def test_the_words_are_read_at_the_first_silent_frame_and_the_pause_reuses_them():
     stage, transcriber, book = make_stage()
     transcripts = feed(stage, "vvvvvvvvvv......P")
-    assert transcriber.calls == [(11, True)]  # one read: the ten voiced frames and the first silent one
+    assert transcriber.calls == [(11, False)]  # one read, as a final: the ten voiced frames and the first silent one
     assert [(t.text, t.is_final) for t in transcripts] == [("11 frames", False), ("11 frames", True)]
     assert book.get(1)["counts"]["asr_final_reused"] == 1
 
@@ -53,10 +53,10 @@ def test_voice_after_that_read_makes_the_pause_read_again():
     transcripts = feed(stage, "vvvvv..vvvvv......P")
     # a read at each silence onset (frames 6 and 13), then the final: the second read held every
     # voiced frame, so the pause reuses it
-    assert transcriber.calls == [(6, True), (13, True)]
+    assert transcriber.calls == [(6, False), (13, False)]
     assert [t.text for t in transcripts if t.is_final] == ["13 frames"]
     stage, transcriber, book = make_stage()
     feed(stage, "vvvvv.v")  # voiced again after the onset read, and no silence onset since
     feed(stage, "P")
-    assert transcriber.calls == [(6, True), (7, False)]  # the final reads the whole buffer itself
+    assert transcriber.calls == [(6, False), (7, False)]  # the final reads the whole buffer itself
     assert "asr_final_reused" not in book.get(1)["counts"]
