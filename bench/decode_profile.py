@@ -4,6 +4,8 @@ Runs ``--steps`` decode steps of ``--batch`` sequences (after a short prefill) t
 runner and prints the wall time per step and, for the one native call, the CPU time per phase kind
 summed over threads (``NativeDecoder.set_profiling``); ``--torch-profiler`` prints torch's operator
 table instead (what a step of the per-op paths spends, and how many ATen calls it makes).
+``--ab-int8-activations`` instead alternates fp32 and int8 activations on the same native decoder,
+round by round: decode ms per step and a ``--prefill-tokens`` prefill, medians and ratios.
 """
 from __future__ import annotations
 
@@ -25,6 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--torch-profiler", action="store_true", help="torch's operator table of the steps")
+    parser.add_argument("--int8-activations", action="store_true", help="EngineConfig.int8_activations (native)")
+    parser.add_argument("--ab-int8-activations", action="store_true",
+                        help="alternate fp32 / int8 activations on one decoder (quant native), --rounds rounds")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--prefill-tokens", type=int, default=128)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,9 +43,11 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     engine = LLMEngine(resolve(args.model, "llm"), EngineConfig(quant=args.quant, max_seq_len=512,
-                                                                 num_slots=max(args.batch, 1),
+                                                                 num_slots=max(args.batch, 1) + 1,
                                                                  max_batch_size=max(args.batch, 1),
-                                                                 num_threads=args.threads), background=False)
+                                                                 num_threads=args.threads,
+                                                                 int8_activations=args.int8_activations),
+                            background=False)
     runner = engine.runner
     slots = list(range(args.batch))
     for slot in slots:
@@ -52,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
 
     steps(4)  # warm-up
     decoder = getattr(runner, "decoder", None)
-    result: dict = {"quant": args.quant, "batch": args.batch, "threads": args.threads, "load_avg": os.getloadavg()[0]}
+    if args.ab_int8_activations:
+        return ab_int8_activations(args, engine, steps)
+    result: dict = {"quant": args.quant, "int8_activations": args.int8_activations, "batch": args.batch, "threads": args.threads, "load_avg": os.getloadavg()[0]}
     if args.torch_profiler:
         from torch.profiler import ProfilerActivity, profile
 
@@ -75,13 +86,49 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"{args.quant}, batch {args.batch}, {args.threads} threads: {result['ms_per_step']:.2f} ms per step "
+    print(f"{args.quant}{', int8 activations' if args.int8_activations else ''}, batch {args.batch}, {args.threads} threads: {result['ms_per_step']:.2f} ms per step "
           f"(wall), 1-min load average {result['load_avg']:.1f}"
           + (f", {result['solo_steps']} steps on one thread (helpers stalled)" if "solo_steps" in result else ""))
     if "aten_calls_per_step" in result:
         print(f"ATen calls per step: {result['aten_calls_per_step']:.0f}\n{table}")
     for name, ms in result.get("cpu_ms_per_step_by_phase", {}).items():
         print(f"  {name:16s} {ms:7.3f} ms CPU per step")
+    return 0
+
+
+def ab_int8_activations(args, engine, steps) -> int:
+    """fp32 vs int8 activations, alternating round by round on the same decoder and cache."""
+    import statistics
+
+    runner, decoder = engine.runner, engine.runner.decoder
+    if decoder is None or args.quant != "native":
+        raise SystemExit("--ab-int8-activations needs --quant native and the kernels")
+    prompt = [300 + (7 * i) % 5000 for i in range(args.prefill_tokens)]
+
+    def prefill_ms() -> float:
+        start = time.perf_counter()
+        runner.prefill(args.batch, prompt, 0)  # the spare slot, overwritten each round
+        return (time.perf_counter() - start) * 1e3
+
+    figures: dict[str, dict[str, list[float]]] = {mode: {"decode_ms": [], "prefill_ms": []} for mode in ("fp32", "int8")}
+    for _ in range(args.rounds):
+        for mode in ("fp32", "int8"):
+            decoder.set_int8_activations(mode == "int8")
+            figures[mode]["decode_ms"].append(steps(args.steps))
+            figures[mode]["prefill_ms"].append(prefill_ms())
+    engine.close()
+    medians = {mode: {k: statistics.median(v) for k, v in f.items()} for mode, f in figures.items()}
+    result = {"batch": args.batch, "threads": args.threads, "rounds": args.rounds, "load_avg": os.getloadavg()[0],
+              "median": medians, "int8_vs_fp32_time": {k: medians["int8"][k] / medians["fp32"][k]
+                                                        for k in ("decode_ms", "prefill_ms")}}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{args.model}, native, batch {args.batch}, {args.threads} threads, {args.rounds} alternating rounds, "
+          f"1-min load average {result['load_avg']:.1f} (at the end)")
+    for key, label in (("decode_ms", "ms per decode step"), ("prefill_ms", f"ms per {args.prefill_tokens}-token prefill")):
+        print(f"  {label:28s} fp32 {medians['fp32'][key]:8.2f}  int8 {medians['int8'][key]:8.2f}  "
+              f"int8/fp32 {result['int8_vs_fp32_time'][key]:.2f}")
     return 0
 
 

@@ -19,6 +19,9 @@ class EngineConfig:
     # weights: "none" (fp32) | "int8" (weight-only, per-output-channel scales) | "native" (the GGUF's
     # own quantized blocks, engine.native_weights; needs the model's GGUF and fp32 activations)
     quant: str = "int8"
+    # native only: the GGUF blocks' matmuls quantize each activation row to Q8 blocks of 32 and
+    # multiply in integers, as llama.cpp does (engine/q8_matmul.h); false: fp32 activations
+    int8_activations: bool = False
     max_batch_size: int = 8  # sequences decoded together in one step
     num_slots: int = 8  # KV-cache slots (running sequences + idle conversations kept warm)
     num_shared_prefixes: int = 4  # read-only cache rows for prompt starts shared by sessions (system prompts)
@@ -36,6 +39,10 @@ class EngineConfig:
             raise ValueError(f"quant: must be one of {QUANTS}, got {self.quant!r}")
         if self.quant == "native" and self.dtype != "float32":
             raise ValueError(f"quant: 'native' runs with float32 activations, got dtype {self.dtype!r}")
+        if self.int8_activations not in (True, False):
+            raise ValueError(f"int8_activations: must be true or false, got {self.int8_activations!r}")
+        if self.int8_activations and self.quant != "native":
+            raise ValueError(f"int8_activations: needs quant 'native' (the GGUF's block formats), got {self.quant!r}")
         if not 1 <= self.max_batch_size <= 256:
             raise ValueError(f"max_batch_size: must be in [1, 256], got {self.max_batch_size}")
         if not 1 <= self.num_slots <= 1024:

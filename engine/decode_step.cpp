@@ -9,7 +9,10 @@
 //
 // The model is described once (add_linear / add_norm, from engine/native_step.py) with pointers
 // into tensors the object keeps alive; weights may be any format of gguf_blocks.h (the GGUF's own
-// blocks, our per-channel int8, or fp32). Activations and accumulation are fp32 throughout.
+// blocks, our per-channel int8, or fp32). Activations and accumulation are fp32, except with
+// set_int8_activations(true): then each phase that produces a matrix's input also quantizes it to Q8
+// blocks (q8_matmul.h; per block of 32, so a task quantizes exactly the values it wrote), and the
+// GGUF-format weights multiply those with integer dot products (llama.cpp's way).
 // Shapes: B sequences, D hidden, H / Hkv heads, d head dim, I intermediate, V vocabulary,
 // S cache slots, L positions per slot.
 #include <ATen/ATen.h>
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "decode_ops.h"
+#include "q8_matmul.h"
 #include "quant_matmul.h"
 #include "step_pool.h"
 
@@ -38,12 +42,15 @@ struct Linear {
   int64_t rows = 0, cols = 0;
   const float* bias = nullptr;
 
-  // y[m, n] = x[m] . W[n] (+ bias[n]) for rows n in [n0, n1) and every row m of x.
-  void run(const float* x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) const {
+  // y[m, n] = x[m] . W[n] (+ bias[n]) for rows n in [n0, n1) and every row m of x; with xq (x
+  // as Q8 blocks), the segments of a GGUF block format use the integer path.
+  void run(const float* x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
+           const Q8Rows* xq = nullptr) const {
     int64_t base = 0;
     for (const QWeight& w : parts) {
       const int64_t a = std::max(n0, base), b = std::min(n1, base + w.rows);
-      if (a < b) matvec(w, x, M, cols, y + base, ldy, a - base, b - base);
+      if (a < b && xq && has_q8_path(w.format)) matvec_q8(w, *xq, M, y + base, ldy, a - base, b - base);
+      else if (a < b) matvec(w, x, M, cols, y + base, ldy, a - base, b - base);
       base += w.rows;
     }
     if (bias)
@@ -59,9 +66,11 @@ struct Layer {
 
 class NativeDecoder;
 
-// The step's buffers (each [B, width] row-major).
+// The step's buffers (each [B, width] row-major), and the Q8 blocks of the matrices' inputs (h, attn,
+// act, h_logits; q null when activations stay fp32).
 struct StepBuffers {
   float *residual, *h, *delta, *qkv, *attn, *gate_up, *act, *h_logits, *logits, *cos, *sin;
+  Q8Rows hq, attnq, actq, logitq;
 };
 
 class NativeDecoder : public torch::CustomClassHolder {
@@ -133,6 +142,14 @@ class NativeDecoder : public torch::CustomClassHolder {
   int64_t solo_steps() const { return pool_.solo_steps(); }
   void set_stall_fallback(bool on) { pool_.set_stall_fallback(on); }
 
+  // Int8 activations for the GGUF-format weights (q8_matmul.h); off: fp32 activations.
+  void set_int8_activations(bool on) {
+    TORCH_CHECK(!on || (D % kQ8 == 0 && d % kQ8 == 0 && I % kQ8 == 0),
+                "int8 activations need dim, head_dim and intermediate_size multiples of ", kQ8);
+    int8_activations_ = on;
+  }
+  bool int8_activations() const { return int8_activations_; }
+
   // Profiling: CPU time summed over threads per phase kind (input norm, qkv, k/v write, attention,
   // o_proj, post norm, gate/up + SiLU, down, final norm, LM head), in ms, since the last reset.
   void set_profiling(bool on) {
@@ -156,6 +173,7 @@ class NativeDecoder : public torch::CustomClassHolder {
   std::vector<at::Tensor> owned_;
   StepPool pool_;
   bool profiling_ = false;
+  bool int8_activations_ = false;
   std::array<std::atomic<int64_t>, 10> profile_ns_{};
 
   void keep(std::initializer_list<at::Tensor> tensors) { owned_.insert(owned_.end(), tensors); }
@@ -222,7 +240,7 @@ class StepWork : public PhasedWork {
       case 0: case 5: return chunks(T, kRows);
       case 1: return chunks(Nqkv, kRows);
       case 2: case 3: return T * m.Hkv;
-      case 6: return chunks(m.I, kRows);
+      case 6: return chunks(m.I, kActRows);
       default: return chunks(m.D, kRows);  // o_proj, down
     }
   }
@@ -245,10 +263,11 @@ class StepWork : public PhasedWork {
           const int64_t r = logit_rows[i];
           m.add_and_norm(buf.residual + r * D, buf.delta + r * D, m.final_norm, buf.h_logits + i * D, 1);
         }
+        if (buf.logitq.q) quantize_rows(buf.h_logits, n_logits, D, buf.logitq);
         return;
       }
       const int64_t V = m.head.rows, v0 = task * kHeadRows;
-      return m.head.run(buf.h_logits, n_logits, buf.logits, V, v0, std::min(V, v0 + kHeadRows));
+      return m.head.run(buf.h_logits, n_logits, buf.logits, V, v0, std::min(V, v0 + kHeadRows), q8(buf.logitq));
     }
     const int64_t l = p / kPerLayer;
     const Layer& layer = m.layer_[l];
@@ -258,25 +277,37 @@ class StepWork : public PhasedWork {
     const int64_t r0 = n0, r1 = std::min(T, n0 + kRows);  // the norms' rows
     switch (p % kPerLayer) {
       case 0:
-        return m.add_and_norm(buf.residual + r0 * D, l == 0 ? nullptr : buf.delta + r0 * D, layer.input_norm,
-                              buf.h + r0 * D, r1 - r0);
-      case 1: return layer.qkv.run(buf.h, T, buf.qkv, Nqkv, n0, std::min(Nqkv, n0 + kRows));
+        m.add_and_norm(buf.residual + r0 * D, l == 0 ? nullptr : buf.delta + r0 * D, layer.input_norm, buf.h + r0 * D,
+                       r1 - r0);
+        if (buf.hq.q) quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hq.at_row(r0));
+        return;
+      case 1: return layer.qkv.run(buf.h, T, buf.qkv, Nqkv, n0, std::min(Nqkv, n0 + kRows), q8(buf.hq));
       case 2: return write_kv(args, task);
-      case 3: return attend(args, task, scratch[worker]);
-      case 4: return layer.o.run(buf.attn, T, buf.delta, D, n0, std::min(D, n0 + kRows));
-      case 5: return m.add_and_norm(buf.residual + r0 * D, buf.delta + r0 * D, layer.post_norm, buf.h + r0 * D, r1 - r0);
+      case 3:
+        attend(args, task, scratch[worker]);
+        if (buf.attnq.q) quantize_heads(task);
+        return;
+      case 4: return layer.o.run(buf.attn, T, buf.delta, D, n0, std::min(D, n0 + kRows), q8(buf.attnq));
+      case 5:
+        m.add_and_norm(buf.residual + r0 * D, buf.delta + r0 * D, layer.post_norm, buf.h + r0 * D, r1 - r0);
+        if (buf.hq.q) quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hq.at_row(r0));
+        return;
       case 6: {  // gate rows i and up rows I + i by the same task: silu(gate) * up needs no other phase
-        const int64_t i1 = std::min(I, n0 + kRows);
-        layer.gate_up.run(buf.h, T, buf.gate_up, 2 * I, n0, i1);
-        layer.gate_up.run(buf.h, T, buf.gate_up, 2 * I, I + n0, I + i1);
+        const int64_t a0 = task * kActRows, a1 = std::min(I, a0 + kActRows);
+        layer.gate_up.run(buf.h, T, buf.gate_up, 2 * I, a0, a1, q8(buf.hq));
+        layer.gate_up.run(buf.h, T, buf.gate_up, 2 * I, I + a0, I + a1, q8(buf.hq));
         for (int64_t b = 0; b < T; ++b) {
           const float *g = buf.gate_up + b * 2 * I, *u = g + I;
           float* o = buf.act + b * I;
-          for (int64_t i = n0; i < i1; ++i) o[i] = g[i] / (1.f + fast_exp(-g[i])) * u[i];
+          for (int64_t i = a0; i < a1; ++i) o[i] = g[i] / (1.f + fast_exp(-g[i])) * u[i];
+          if (buf.actq.q) {  // this task's block of 32 (I is a multiple of 32 when int8 activations are on)
+            const Q8Rows row = buf.actq.at_row(b);
+            quantize_q8(o + a0, a1 - a0, row.q + a0, row.d + a0 / kQ8, row.s + a0 / kQ8);
+          }
         }
         return;
       }
-      default: return layer.down.run(buf.act, T, buf.delta, D, n0, std::min(D, n0 + kRows));
+      default: return layer.down.run(buf.act, T, buf.delta, D, n0, std::min(D, n0 + kRows), q8(buf.actq));
     }
   }
 
@@ -284,7 +315,17 @@ class StepWork : public PhasedWork {
   static constexpr int64_t kPerLayer = 8;
   static constexpr int64_t kRows = 16;       // rows per task: a multiple of every row group of quant_matmul.h
   static constexpr int64_t kHeadRows = 128;  // the LM head's tasks (49k-152k rows)
+  static constexpr int64_t kActRows = kQ8;   // gate/up: a task's act values are one Q8 block per row
   static int64_t chunks(int64_t rows, int64_t size) { return (rows + size - 1) / size; }
+  static const Q8Rows* q8(const Q8Rows& rows) { return rows.q ? &rows : nullptr; }
+
+  // Attention task t = (row b, kv head g) wrote the R heads' outputs [g R d, (g + 1) R d) of row b:
+  // their Q8 blocks (head_dim is a multiple of 32 when int8 activations are on).
+  void quantize_heads(int64_t t) const {
+    const int64_t Hkv = m.Hkv, R = m.H / Hkv, d = m.d, b = t / Hkv, g = t % Hkv, c0 = g * R * d;
+    const Q8Rows row = buf.attnq.at_row(b);
+    quantize_q8(buf.attn + b * m.H * d + c0, R * d, row.q + c0, row.d + c0 / kQ8, row.s + c0 / kQ8);
+  }
 
   NativeDecoder& m;
   const int64_t T;
@@ -325,9 +366,27 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
     embed_row(tok[r], residual.data_ptr<float>() + r * D);
   }
   const int threads = std::max(1, at::get_num_threads());
-  const StepBuffers buffers{residual.data_ptr<float>(), h.data_ptr<float>(), delta.data_ptr<float>(),
-                            qkv.data_ptr<float>(), attn.data_ptr<float>(), gate_up.data_ptr<float>(),
-                            act.data_ptr<float>(), h_logits.data_ptr<float>(), logits.data_ptr<float>(), cos_b, sin_b};
+  StepBuffers buffers{residual.data_ptr<float>(), h.data_ptr<float>(), delta.data_ptr<float>(),
+                      qkv.data_ptr<float>(), attn.data_ptr<float>(), gate_up.data_ptr<float>(),
+                      act.data_ptr<float>(), h_logits.data_ptr<float>(), logits.data_ptr<float>(), cos_b, sin_b, {},
+                      {}, {}, {}};
+  at::Tensor q8_bytes, q8_scales;
+  if (int8_activations_) {  // one int8 and one fp32 allocation for the four inputs' blocks
+    const int64_t widths[4] = {D, H * d, I, D}, counts[4] = {T, T, T, n};
+    int64_t bytes = 0;
+    for (int i = 0; i < 4; ++i) bytes += counts[i] * widths[i];
+    q8_bytes = at::empty({bytes}, at::TensorOptions().dtype(at::kChar));
+    q8_scales = at::empty({2 * bytes / kQ8}, f32);
+    int8_t* q = q8_bytes.data_ptr<int8_t>();
+    float* sc = q8_scales.data_ptr<float>();
+    Q8Rows* targets[4] = {&buffers.hq, &buffers.attnq, &buffers.actq, &buffers.logitq};
+    for (int i = 0; i < 4; ++i) {
+      const int64_t values = counts[i] * widths[i];
+      *targets[i] = Q8Rows{q, sc, sc + values / kQ8, widths[i]};
+      q += values;
+      sc += 2 * values / kQ8;
+    }
+  }
   StepWork work(*this, T, pos, slot, rows, n, buffers, threads);
   pool_.run(work, threads);
   return logits;
@@ -345,6 +404,8 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("num_layers", &voxlane::NativeDecoder::num_layers)
       .def("solo_steps", &voxlane::NativeDecoder::solo_steps)
       .def("set_stall_fallback", &voxlane::NativeDecoder::set_stall_fallback)
+      .def("set_int8_activations", &voxlane::NativeDecoder::set_int8_activations)
+      .def("int8_activations", &voxlane::NativeDecoder::int8_activations)
       .def("set_profiling", &voxlane::NativeDecoder::set_profiling)
       .def("profile_ms", &voxlane::NativeDecoder::profile_ms);
 }

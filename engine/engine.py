@@ -96,6 +96,7 @@ class LLMEngine:
             if self.config.quant == "int8":
                 quantize_int8(self.model)
             release_file_memory(self.model)
+        self.model.int8_activations = self.config.int8_activations
         self.weight_bytes = weight_bytes(self.model)
         self.max_seq_len = self.model.max_seq_len
         self.kv_cache = KVCache(self.model.args, self.config.num_slots, self.max_seq_len, self.config.torch_dtype,

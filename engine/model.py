@@ -252,6 +252,9 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.attention_factor = attention_factor
         self.kernels = None  # torch.ops.voxlane (engine.kernels) when loaded: the one-call decode step
+        # The one-call step quantizes the inputs of GGUF-format weights to Q8 blocks (engine/q8_matmul.h);
+        # the per-op and pure-torch paths keep fp32 activations whatever this says.
+        self.int8_activations = False
         self.set_rope_dtype(torch.float32)
 
     def set_rope_dtype(self, dtype: torch.dtype) -> None:

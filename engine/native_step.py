@@ -75,4 +75,5 @@ def build_decoder(model: Transformer, cache: KVCacheTensors):
     decoder.add_norm(-1, "final", model.norm.weight.detach())
     add(-1, "head", model.lm_head)
     decoder.add_linear(-1, "embed", *embedding_segment(model.embed), None)
+    decoder.set_int8_activations(bool(model.int8_activations))
     return decoder

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "gguf_blocks.h"
 
@@ -71,9 +72,10 @@ inline void dot_rows(const uint8_t* w, int64_t row_bytes, int64_t nblocks, const
 #endif
 }
 
-template <class B, int R, int MB>
-inline void rows_times(const QWeight& w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1) {
-  const int64_t nblocks = w.cols / B::QK;
+// Weight rows [n0, n1) in groups of R, then one by one: dot(rows, first row's bytes, sums) with rows
+// an std::integral_constant (R or 1) fills sums[m * rows + r]; stored as y[m, n] = sum * row_scale + bias.
+template <int R, int MB, class Dot>
+inline void row_groups(const QWeight& w, float* y, int64_t ldy, int64_t n0, int64_t n1, Dot&& dot) {
   float sums[R * MB];
   int64_t n = n0;
   auto store = [&](int64_t row, int rr, int r_count) {
@@ -81,13 +83,21 @@ inline void rows_times(const QWeight& w, const float* x, int64_t ldx, float* y, 
     for (int m = 0; m < MB; ++m) y[m * ldy + row] = sums[m * r_count + rr] * scale + bias;
   };
   for (; n + R <= n1; n += R) {
-    dot_rows<B, R, MB>(w.data + n * w.row_bytes, w.row_bytes, nblocks, x, ldx, sums);
+    dot(std::integral_constant<int, R>{}, w.data + n * w.row_bytes, sums);
     for (int r = 0; r < R; ++r) store(n + r, r, R);
   }
   for (; n < n1; ++n) {
-    dot_rows<B, 1, MB>(w.data + n * w.row_bytes, w.row_bytes, nblocks, x, ldx, sums);
+    dot(std::integral_constant<int, 1>{}, w.data + n * w.row_bytes, sums);
     store(n, 0, 1);
   }
+}
+
+template <class B, int R, int MB>
+inline void rows_times(const QWeight& w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  const int64_t nblocks = w.cols / B::QK;
+  row_groups<R, MB>(w, y, ldy, n0, n1, [&](auto rows, const uint8_t* p, float* sums) {
+    dot_rows<B, decltype(rows)::value, MB>(p, w.row_bytes, nblocks, x, ldx, sums);
+  });
 }
 
 // y[m, n] = x[m, :] . W[n, :] (* row_scale[n]) + bias[n] for rows n in [n0, n1) and M <= 8 rows of

@@ -1,5 +1,6 @@
 // torch.ops.voxlane ops over weights kept in their file's block format (engine/gguf_blocks.h):
 //   quant_linear(x [M, K] f32, w uint8 [N, row_bytes], format, K, row_scale?, bias?) -> [M, N] f32
+//   quant_linear_q8(x, w, format, K, bias?) -> [M, N] f32   x quantized to Q8 blocks first (q8_matmul.h)
 //   quant_dequantize(w, format, K) -> [N, K] f32          (tests; the readable twin is in Python)
 //   quant_embedding(w, format, K, ids [n] int64) -> [n, K] f32
 // Registered next to the decode kernels of kernels.cpp (same library, built together).
@@ -7,6 +8,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "q8_matmul.h"
 #include "quant_matmul.h"
 
 namespace voxlane {
@@ -55,6 +57,26 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t format
   return y;
 }
 
+at::Tensor quant_linear_q8(const at::Tensor& x, const at::Tensor& w, int64_t format, int64_t cols,
+                           const c10::optional<at::Tensor>& bias) {
+  const QWeight q = qweight_of(w, format, cols, c10::nullopt, bias);
+  TORCH_CHECK(has_q8_path(format), "format ", format, " has no int8-activation path");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) == cols,
+              "x: contiguous float32 [M, ", cols, "]");
+  const int64_t M = x.size(0), N = q.rows;
+  at::Tensor xq = at::empty({M, cols}, x.options().dtype(at::kChar));
+  at::Tensor scales = at::empty({2, M, cols / kQ8}, x.options());
+  const Q8Rows rows{xq.data_ptr<int8_t>(), scales.data_ptr<float>(), scales.data_ptr<float>() + M * (cols / kQ8), cols};
+  quantize_rows(x.data_ptr<float>(), M, cols, rows);
+  at::Tensor y = at::empty({M, N}, x.options());
+  float* yp = y.data_ptr<float>();
+  constexpr int64_t kRowsPerTask = 16;
+  at::parallel_for(0, (N + kRowsPerTask - 1) / kRowsPerTask, 1, [&](int64_t t0, int64_t t1) {
+    matvec_q8(q, rows, M, yp, N, t0 * kRowsPerTask, std::min(N, t1 * kRowsPerTask));
+  });
+  return y;
+}
+
 at::Tensor quant_dequantize(const at::Tensor& w, int64_t format, int64_t cols) {
   const QWeight q = qweight_of(w, format, cols, c10::nullopt, c10::nullopt);
   at::Tensor out = at::empty({q.rows, cols}, at::TensorOptions().dtype(at::kFloat));
@@ -81,12 +103,14 @@ at::Tensor quant_embedding(const at::Tensor& w, int64_t format, int64_t cols, co
 
 TORCH_LIBRARY_FRAGMENT(voxlane, m) {
   m.def("quant_linear(Tensor x, Tensor w, int format, int cols, Tensor? row_scale, Tensor? bias) -> Tensor");
+  m.def("quant_linear_q8(Tensor x, Tensor w, int format, int cols, Tensor? bias) -> Tensor");
   m.def("quant_dequantize(Tensor w, int format, int cols) -> Tensor");
   m.def("quant_embedding(Tensor w, int format, int cols, Tensor? row_scale, Tensor ids) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(voxlane, CPU, m) {
   m.impl("quant_linear", &voxlane::quant_linear);
+  m.impl("quant_linear_q8", &voxlane::quant_linear_q8);
   m.impl("quant_dequantize", &voxlane::quant_dequantize);
   m.impl("quant_embedding", &voxlane::quant_embedding);
 }

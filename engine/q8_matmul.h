@@ -1,0 +1,290 @@
+// Int8 activations, llama.cpp's way: each activation row is quantized once per matmul into Q8
+// blocks (32 int8 values q, one fp32 scale d = amax / 127, and s = d * sum(q) for the formats with
+// a "min"), and the weight x activation products of a block are integer dot products
+// (AVX2 `vpmaddubsw` + `vpmaddwd`: 32 byte products summed to 8 int32 lanes in two instructions),
+// scaled to fp32 once per 32 weights. Against quant_matmul.h's fp32 path (each weight expanded to
+// fp32 and FMA'd) that is ~1/4 of the instructions per weight; the price is the activations'
+// rounding to 8 bits per block of 32 (what llama.cpp does for these formats on every CPU).
+//
+// Each GGUF format is seen as 32-weight sub-blocks j with w_i = a_j * u_i + c_j, u_i bytes:
+//   Q8_0  u = q (signed)                    a = d              c = 0
+//   Q4_0  u = nibble                        a = d              c = -8 d
+//   Q4_1  u = nibble                        a = d              c = m
+//   Q5_0  u = nibble | 5th bit << 4         a = d              c = -16 d
+//   Q4_K  u = nibble of sub-block j         a = d sc_j         c = -dmin m_j
+//   Q6_K  u = 6-bit q - 32 (signed), and a 16-bit multiplier sc per 16 weights, a = d, c = 0
+// so dot(w, x) over a sub-block = a * dx * sum(u * q * mult) + c * s: unsigned u go straight into
+// vpmaddubsw (u <= 31 keeps 2 * 31 * 127 under int16's limit), signed ones through the sign trick
+// (|u| times q with u's sign, as ggml's mul_sum_i8_pairs).
+// The portable fallback dequantizes the weight block (gguf_blocks.h) and multiplies it with the
+// dequantized activations q * d: the same sum up to fp32 rounding order.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "gguf_blocks.h"
+#include "quant_matmul.h"
+
+namespace voxlane {
+
+constexpr int64_t kQ8 = 32;  // activation values per Q8 block
+
+// Rows of activations as Q8 blocks: q [rows, K] int8, d and s [rows, K / 32] fp32 (row-major).
+struct Q8Rows {
+  int8_t* q = nullptr;
+  float *d = nullptr, *s = nullptr;
+  int64_t K = 0;
+  int64_t blocks() const { return K / kQ8; }
+  Q8Rows at_row(int64_t m) const { return {q + m * K, d + m * blocks(), s + m * blocks(), K}; }
+};
+
+template <class B> constexpr bool is_q8_block() { return false; }
+template <> constexpr bool is_q8_block<gguf::BlockQ8_0>() { return true; }
+template <> constexpr bool is_q8_block<gguf::BlockQ4_0>() { return true; }
+template <> constexpr bool is_q8_block<gguf::BlockQ4_1>() { return true; }
+template <> constexpr bool is_q8_block<gguf::BlockQ5_0>() { return true; }
+template <> constexpr bool is_q8_block<gguf::BlockQ4_K>() { return true; }
+template <> constexpr bool is_q8_block<gguf::BlockQ6_K>() { return true; }
+
+// Whether a weight format has an integer path (the GGUF block formats; not our I8 or fp32).
+inline bool has_q8_path(int64_t format) {
+  bool ok = false;
+  gguf::with_format(format, [&](auto block) { ok = is_q8_block<decltype(block)>(); });
+  return ok;
+}
+
+// x[0, n) (n a multiple of 32) -> Q8 blocks at q, d, s: d = amax / 127, q = round(x * (1 / d)) with
+// ties to even (ggml's quantize_row_q8_0, and torch.round in the tests' twin), s = d * sum(q).
+inline void quantize_q8(const float* x, int64_t n, int8_t* q, float* d, float* s) {
+  for (int64_t b = 0; b < n / kQ8; ++b) {
+    const float* xb = x + kQ8 * b;
+    int8_t* qb = q + kQ8 * b;
+#if defined(VOXLANE_AVX2)
+    const __m256 sign_bit = _mm256_set1_ps(-0.f);
+    __m256 v[4], amax = _mm256_setzero_ps();
+    for (int g = 0; g < 4; ++g) {
+      v[g] = _mm256_loadu_ps(xb + 8 * g);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_bit, v[g]));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float db = _mm_cvtss_f32(m4) / 127.f, id = db != 0.f ? 1.f / db : 0.f;
+    __m256i i[4];
+    for (int g = 0; g < 4; ++g)
+      i[g] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[g], _mm256_set1_ps(id)),
+                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m256i total = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+    __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4e));
+    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xb1));
+    // int32 x 32 -> int8 x 32: the packs interleave 128-bit lanes; the permute puts them back in order.
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb),
+                        _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    const int sum = _mm_cvtsi128_si32(t4);
+#else
+    float amax = 0.f;
+    for (int k = 0; k < kQ8; ++k) amax = std::fmax(amax, std::fabs(xb[k]));
+    const float db = amax / 127.f, id = db != 0.f ? 1.f / db : 0.f;
+    int sum = 0;
+    for (int k = 0; k < kQ8; ++k) {
+      qb[k] = static_cast<int8_t>(std::nearbyint(xb[k] * id));
+      sum += qb[k];
+    }
+#endif
+    d[b] = db;
+    s[b] = db * static_cast<float>(sum);
+  }
+}
+
+// M rows of x (row stride ldx) -> rows of xq.
+inline void quantize_rows(const float* x, int64_t M, int64_t ldx, const Q8Rows& xq) {
+  for (int64_t m = 0; m < M; ++m) {
+    const Q8Rows row = xq.at_row(m);
+    quantize_q8(x + m * ldx, xq.K, row.q, row.d, row.s);
+  }
+}
+
+#if defined(VOXLANE_AVX2)
+// Each format's 32-weight sub-blocks: sink(j, u [32 bytes], mult [16 x int16], a, c) for j in
+// [0, QK / 32). SIGNED: u is signed (sign trick); else unsigned <= 31. MIN: c != 0.
+template <class B> struct Q8Dot;
+
+inline __m256i nibbles_32(const uint8_t* qs) {  // 16 bytes -> 32 weights: low nibbles first
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0xf));
+}
+inline __m256i ones16() { return _mm256_set1_epi16(1); }
+
+template <> struct Q8Dot<gguf::BlockQ8_0> {
+  static constexpr bool SIGNED = true, MIN = false;
+  template <class Sink> static inline void blocks(const uint8_t* b, Sink&& sink) {
+    sink(0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), ones16(), gguf::half_to_float(b), 0.f);
+  }
+};
+
+template <> struct Q8Dot<gguf::BlockQ4_0> {
+  static constexpr bool SIGNED = false, MIN = true;
+  template <class Sink> static inline void blocks(const uint8_t* b, Sink&& sink) {
+    const float d = gguf::half_to_float(b);
+    sink(0, nibbles_32(b + 2), ones16(), d, -8.f * d);
+  }
+};
+
+template <> struct Q8Dot<gguf::BlockQ4_1> {
+  static constexpr bool SIGNED = false, MIN = true;
+  template <class Sink> static inline void blocks(const uint8_t* b, Sink&& sink) {
+    sink(0, nibbles_32(b + 4), ones16(), gguf::half_to_float(b), gguf::half_to_float(b + 2));
+  }
+};
+
+template <> struct Q8Dot<gguf::BlockQ5_0> {
+  static constexpr bool SIGNED = false, MIN = true;
+  template <class Sink> static inline void blocks(const uint8_t* b, Sink&& sink) {
+    const float d = gguf::half_to_float(b);
+    // bit i of qh -> byte i (ggml's bytes_from_bits_32): broadcast qh's byte i/8 to byte i, set
+    // every bit but bit i%8, and compare with all-ones.
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(gguf::load_u32(b + 2))),
+                                               _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                                 0x0101010101010101, 0x0000000000000000));
+    const __m256i is_set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
+                                             _mm256_set1_epi64x(-1));
+    sink(0, _mm256_or_si256(nibbles_32(b + 6), _mm256_and_si256(is_set, _mm256_set1_epi8(0x10))), ones16(), d,
+         -16.f * d);
+  }
+};
+
+template <> struct Q8Dot<gguf::BlockQ4_K> {
+  static constexpr bool SIGNED = false, MIN = true;
+  template <class Sink> static inline void blocks(const uint8_t* b, Sink&& sink) {
+    const float d = gguf::half_to_float(b), dmin = gguf::half_to_float(b + 2);
+    const __m256i low = _mm256_set1_epi8(0xf);
+    for (int k = 0; k < 4; ++k) {  // 32 bytes: sub-block 2k in the low nibbles, 2k + 1 in the high
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * k));
+      int s0, m0, s1, m1;
+      gguf::q4k_scale_min(b + 4, 2 * k, s0, m0);
+      gguf::q4k_scale_min(b + 4, 2 * k + 1, s1, m1);
+      sink(2 * k, _mm256_and_si256(q, low), ones16(), d * s0, -dmin * m0);
+      sink(2 * k + 1, _mm256_and_si256(_mm256_srli_epi16(q, 4), low), ones16(), d * s1, -dmin * m1);
+    }
+  }
+};
+
+template <> struct Q8Dot<gguf::BlockQ6_K> {
+  static constexpr bool SIGNED = true, MIN = false;
+  template <class Sink> static inline void blocks(const uint8_t* b, Sink&& sink) {
+    const float d = gguf::half_to_float(b + 208);
+    // the 16 int8 scales as int16, two per 32-bit lane: lane i holds sc[2i] | sc[2i + 1] << 16
+    const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
+    // sub-block j's multipliers: sc[2j] in the low 128 bits (its weights 0-15), sc[2j + 1] in the high
+    const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                            2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    const __m256i low = _mm256_set1_epi8(0xf), high = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
+    for (int half = 0; half < 2; ++half) {  // 128 weights: ql[64 half ..], qh[32 half ..], sc[8 half ..]
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * half));
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * half));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * half + 32));
+      for (int k = 0; k < 4; ++k) {  // sub-block 4 half + k: ql + 32 (k & 1), nibble k >> 1, qh bits 2k
+        const int j = 4 * half + k;
+        const __m256i ql = k & 1 ? ql1 : ql0;
+        const __m256i nib = _mm256_and_si256(k >> 1 ? _mm256_srli_epi16(ql, 4) : ql, low);
+        const __m256i hi = _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * k), 4), high);
+        const __m256i mult = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(j)), spread);
+        sink(j, _mm256_sub_epi8(_mm256_or_si256(nib, hi), bias), mult, d, 0.f);
+      }
+    }
+  }
+};
+#endif
+
+// sums[m * R + r] = dot(x row m, weight row r) for R consecutive weight rows starting at w, x as
+// Q8 blocks (rows of xq).
+template <class B, int R, int MB>
+inline void dot_rows_q8(const uint8_t* w, int64_t row_bytes, int64_t nblocks, const Q8Rows& xq, float* sums) {
+  constexpr int J = B::QK / kQ8;  // Q8 blocks per weight block
+  const int64_t xb_per_row = xq.blocks();
+#if defined(VOXLANE_AVX2)
+  using Dot = Q8Dot<B>;
+  __m256 acc[R][MB];
+  float mins[R][MB];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MB; ++m) acc[r][m] = _mm256_setzero_ps(), mins[r][m] = 0.f;
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* wb = w + r * row_bytes + blk * B::BYTES;
+      _mm_prefetch(reinterpret_cast<const char*>(wb + R * row_bytes), _MM_HINT_T0);
+      Dot::blocks(wb, [&](int j, __m256i u, __m256i mult, float a, float c) {
+        const int64_t xb = blk * J + j;
+        const __m256i au = Dot::SIGNED ? _mm256_sign_epi8(u, u) : u;
+        for (int m = 0; m < MB; ++m) {
+          __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q + m * xq.K + kQ8 * xb));
+          if constexpr (Dot::SIGNED) qx = _mm256_sign_epi8(qx, u);
+          const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(au, qx), mult);
+          acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(a * xq.d[m * xb_per_row + xb]), acc[r][m]);
+          if constexpr (Dot::MIN) mins[r][m] += c * xq.s[m * xb_per_row + xb];
+        }
+      });
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MB; ++m) sums[m * R + r] = hsum(acc[r][m]) + mins[r][m];
+#else
+  float block[B::QK];
+  for (int i = 0; i < R * MB; ++i) sums[i] = 0.f;
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+    for (int r = 0; r < R; ++r) {
+      B::dequant(w + r * row_bytes + blk * B::BYTES, block);
+      for (int m = 0; m < MB; ++m) {
+        float s = 0.f;
+        for (int j = 0; j < J; ++j) {
+          const int64_t xb = blk * J + j;
+          const int8_t* q = xq.q + m * xq.K + kQ8 * xb;
+          float part = 0.f;
+          for (int k = 0; k < kQ8; ++k) part += block[kQ8 * j + k] * static_cast<float>(q[k]);
+          s += part * xq.d[m * xb_per_row + xb];
+        }
+        sums[m * R + r] += s;
+      }
+    }
+  }
+#endif
+}
+
+template <class B, int R, int MB>
+inline void rows_times_q8(const QWeight& w, const Q8Rows& xq, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  const int64_t nblocks = w.cols / B::QK;
+  row_groups<R, MB>(w, y, ldy, n0, n1, [&](auto rows, const uint8_t* p, float* sums) {
+    dot_rows_q8<B, decltype(rows)::value, MB>(p, w.row_bytes, nblocks, xq, sums);
+  });
+}
+
+template <class B>
+inline void matvec_q8_format(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, int64_t ldy, int64_t n0,
+                             int64_t n1) {
+  switch (M) {
+    case 1: rows_times_q8<B, 4, 1>(w, xq, y, ldy, n0, n1); break;
+    case 2: rows_times_q8<B, 4, 2>(w, xq, y, ldy, n0, n1); break;
+    case 3: rows_times_q8<B, 2, 3>(w, xq, y, ldy, n0, n1); break;
+    case 4: rows_times_q8<B, 2, 4>(w, xq, y, ldy, n0, n1); break;
+    case 5: rows_times_q8<B, 1, 5>(w, xq, y, ldy, n0, n1); break;
+    case 6: rows_times_q8<B, 1, 6>(w, xq, y, ldy, n0, n1); break;
+    case 7: rows_times_q8<B, 1, 7>(w, xq, y, ldy, n0, n1); break;
+    default: rows_times_q8<B, 1, 8>(w, xq, y, ldy, n0, n1); break;
+  }
+}
+
+// y[m, n] = xq[m] . W[n] for rows n in [n0, n1) and M rows of xq (groups of 8); xq.K == w.cols.
+// A format without an integer path (has_q8_path false) is not computed: callers check.
+inline void matvec_q8(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  gguf::with_format(w.format, [&](auto block) {
+    using B = decltype(block);
+    if constexpr (is_q8_block<B>()) {
+      for (int64_t m = 0; m < M; m += 8)
+        matvec_q8_format<B>(w, xq.at_row(m), M - m < 8 ? M - m : 8, y + m * ldy, ldy, n0, n1);
+    }
+  });
+}
+
+}  // namespace voxlane
