@@ -19,6 +19,7 @@ BENCHMARKS = {
     "latency": ("bench.latency", "voice-to-voice latency per stage on spoken questions"),
     "turns": ("bench.turns", "turn taking per end-of-turn mode: false cuts, missed ends, voice to voice"),
     "load": ("bench.load", "concurrent WebSocket clients against a server"),
+    "startup": ("bench.startup", "cold start: voxlane serve to /healthz ready, per phase, and its memory"),
 }
 COMMANDS = ["chat", "say", "models", "personas", "doctor", "serve"]  # modules in app/commands
 

@@ -140,8 +140,34 @@ def _prepare_smollm2(model: PackagedModel, target: Path, quiet: bool) -> Path:
         lm.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         _log("  [3/3] written", quiet)
+        del lm
+        _write_int8_checkpoint(tmp, quiet)
     _link_smollm2_gguf(target)
     return target
+
+
+def _write_int8_checkpoint(model_dir: Path, quiet: bool) -> None:
+    """The engine's int8 checkpoint of an HF directory (``engine.int8_checkpoint``), written once:
+    the engine then maps it at start-up instead of reading the fp32 weights and quantizing them."""
+    from engine.int8_checkpoint import checkpoint_path, write_int8_checkpoint
+    from engine.loader import load_config, model_args_from_config, read_hf_weights
+
+    _log("  writing the engine's int8 checkpoint (once)", quiet)
+    write_int8_checkpoint(read_hf_weights(model_dir), model_args_from_config(load_config(model_dir)),
+                          checkpoint_path(model_dir))
+
+
+def _add_int8_checkpoint(target: Path, quiet: bool) -> None:
+    """A directory prepared before the int8 checkpoint existed gets it now (once; another process
+    writing it at the same time is harmless: each renames a complete file into place)."""
+    from engine.int8_checkpoint import checkpoint_path
+
+    if checkpoint_path(target).is_file():
+        return
+    try:
+        _write_int8_checkpoint(target, quiet)
+    except OSError as error:  # a read-only cache: the engine quantizes at every start instead
+        _log(f"  could not write the int8 checkpoint ({error}); the engine will quantize at load", quiet)
 
 
 @dataclass(frozen=True)
@@ -345,8 +371,9 @@ def resolve(spec: str, kind: str | None = None, quiet: bool = True) -> Path:
             raise ModelError(f"'{spec}' is a {model.kind} model, not a {kind} model")
         target = cached_path(spec)
         if model.needs_cache and target.exists():
-            if spec == "smollm2-135m-instruct":  # prepared before the link existed
+            if spec == "smollm2-135m-instruct":  # prepared before the link and the int8 checkpoint existed
                 _link_smollm2_gguf(target)
+                _add_int8_checkpoint(target, quiet)
             return target
         if model.needs_cache:
             _log(f"preparing {spec} in {target}", quiet)

@@ -13,20 +13,27 @@ import threading
 
 from app.commands.common import persona_store
 from app.config import AppConfig
+from app.startup_phases import StartupPhases
 from app.voice_models import load_voice_models
 from pipeline.config import PipelineConfig
+from pipeline.persona.persona import Voice
 from pipeline.pipeline import Pipeline
 
 
 class PipelineSessions:
     """Opens a Pipeline per session over shared, loaded-once models (a ``VoiceSessionFactory``)."""
 
-    def __init__(self, config: AppConfig, llm_backend: str | None = None, llm=None):
+    def __init__(self, config: AppConfig, llm_backend: str | None = None, llm=None, *, warm: bool = False,
+                 phases: StartupPhases | None = None):
+        """Loads every model (in parallel, ``app.voice_models``) with the voice of each persona;
+        ``warm`` also runs each once as it loads (what ``warm_up`` does afterwards otherwise)."""
         self.config = config
         self.pipeline_config: PipelineConfig = config.pipeline
         self.personas = persona_store(config)
-        self.models = load_voice_models(config, llm_backend, llm)
+        self._voices = self._persona_voices()
+        self.models = load_voice_models(config, llm_backend, llm, voices=self._voices, warm=warm, phases=phases)
         self.llm = self.models.llm
+        self._is_warm = warm
         self._open: set[Pipeline] = set()
         self._lock = threading.Lock()
         self._owns_llm = llm is None
@@ -37,9 +44,7 @@ class PipelineSessions:
     def default_persona(self) -> str:
         return self.config.personas.default
 
-    def warm_up(self) -> None:
-        """Run every model once before the server says ready (``PipelineModels.warm_up``), with the
-        voice of each persona."""
+    def _persona_voices(self) -> list[Voice]:
         voices = {}
         for name in self.persona_names():
             try:
@@ -47,7 +52,14 @@ class PipelineSessions:
             except Exception:  # a broken user persona is reported when someone picks it
                 continue
             voices.setdefault(repr(voice), voice)
-        self.models.warm_up(list(voices.values()))
+        return list(voices.values())
+
+    def warm_up(self) -> None:
+        """Run every model once before the server says ready (``PipelineModels.warm_up``), with the
+        voice of each persona; nothing to do when they were warmed as they loaded (``warm=True``)."""
+        if not self._is_warm:
+            self.models.warm_up(self._voices)
+            self._is_warm = True
 
     def open(self, persona: str, session_id: str) -> Pipeline:
         """The pipeline of session ``session_id`` (also its LLM session: the KV slot it keeps),

@@ -210,8 +210,7 @@ def _with_local_server(args, questions) -> LoadReport:
         max_pending_sockets=max(config.server.max_pending_sockets, args.clients),
         max_pending_per_client=max(config.server.max_pending_per_client, args.clients)))
     print(f"loading models (LLM backend {config.llm.backend}) …", file=sys.stderr, flush=True)
-    factory = PipelineSessions(config)
-    factory.warm_up()
+    factory = PipelineSessions(config, warm=True)  # loaded and warmed in parallel, as voxlane serve does
     try:
         with BackgroundServer(create_app(config, factory, with_ui=False),
                               max_message_bytes=config.server.max_message_bytes) as server:

@@ -10,6 +10,7 @@ itself is only touched by the stepping thread.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -40,6 +41,17 @@ Prompt = list[dict] | list[int] | str  # chat messages, token ids, or raw text
 log = logging.getLogger(__name__)
 
 
+@contextlib.contextmanager
+def _load_phase(name: str):
+    """Logs how long a part of building the engine took, at debug level, in the form ``voxlane
+    serve``'s start-up phases use (``startup: llm NAME S s``; ``voxlane bench startup`` reads them)."""
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        log.debug("startup: llm %s %.3f s", name, time.monotonic() - started)
+
+
 @dataclass
 class EngineStats:
     """A snapshot for metrics and the UI."""
@@ -62,8 +74,9 @@ class LLMEngine:
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
         self.num_threads = torch.get_num_threads()
-        self.tokenizer = load_tokenizer(model_path)
-        self.eos_ids = end_of_turn_ids(self.tokenizer, load_config(model_path))
+        with _load_phase("tokenizer"):
+            self.tokenizer = load_tokenizer(model_path)
+            self.eos_ids = end_of_turn_ids(self.tokenizer, load_config(model_path))
         self.sampler = Sampler()
         self.inbox = Inbox()
         self._ids = SequenceIds()
@@ -82,8 +95,23 @@ class LLMEngine:
     def _build(self, model_path: str | Path) -> None:
         """Model (quantized as configured), kernels, KV cache, runner, scheduler and output handling."""
         torch.set_num_threads(self.num_threads)  # per thread: the stepping thread needs its own
-        kernels = load_kernels() if self.config.kernels else None  # None: the pure-torch path
+        with _load_phase("kernels"):
+            kernels = load_kernels() if self.config.kernels else None  # None: the pure-torch path
         dtype, max_seq_len = self.config.torch_dtype, self.config.max_seq_len
+        with _load_phase(f"weights {self.config.quant}"):
+            self._load_weights(model_path, kernels, dtype, max_seq_len)
+        self.model.int8_activations = self.config.int8_activations
+        self.weight_bytes = weight_bytes(self.model)
+        self.max_seq_len = self.model.max_seq_len
+        self.kv_cache = KVCache(self.model.args, self.config.num_slots, self.max_seq_len, self.config.torch_dtype,
+                                self.config.num_shared_prefixes)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.sampler, compile=self.config.compile)
+        self.scheduler = Scheduler(self.kv_cache, self.config.max_batch_size, self.config.prefill_chunk_tokens)
+        self.outputs = OutputProcessor(self.tokenizer, self.eos_ids, self.max_seq_len, self.cancel)
+
+    def _load_weights(self, model_path: str | Path, kernels, dtype: torch.dtype, max_seq_len: int) -> None:
+        """``self.model``: the GGUF's blocks as stored (quant native), the int8 checkpoint by memory
+        map (int8, prepared once by the model store), or the checkpoint quantized now."""
         if self.config.quant == "native":  # the GGUF's blocks, copied out of the file as they are
             self.model = load_native_model(model_path, max_seq_len, kernels)
             trim_heap()
@@ -96,14 +124,6 @@ class LLMEngine:
             if self.config.quant == "int8":
                 quantize_int8(self.model)
             release_file_memory(self.model)
-        self.model.int8_activations = self.config.int8_activations
-        self.weight_bytes = weight_bytes(self.model)
-        self.max_seq_len = self.model.max_seq_len
-        self.kv_cache = KVCache(self.model.args, self.config.num_slots, self.max_seq_len, self.config.torch_dtype,
-                                self.config.num_shared_prefixes)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.sampler, compile=self.config.compile)
-        self.scheduler = Scheduler(self.kv_cache, self.config.max_batch_size, self.config.prefill_chunk_tokens)
-        self.outputs = OutputProcessor(self.tokenizer, self.eos_ids, self.max_seq_len, self.cancel)
 
     # ---- requests ----
     def encode(self, prompt: Prompt) -> list[int]:

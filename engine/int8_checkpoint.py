@@ -12,18 +12,19 @@ different layout is ignored (the engine falls back to quantizing at load and say
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from torch import Tensor
 
-from engine.loader import iter_converted_weights
+from engine.loader import INT8_CHECKPOINT_NAME, iter_converted_weights
 from engine.model import ModelArgs, Transformer
 from engine.quant import int8_state, linear_paths, load_int8_state, quantize_per_channel
 
 log = logging.getLogger(__name__)
 
-FILE_NAME = "engine-int8.safetensors"
+FILE_NAME = INT8_CHECKPOINT_NAME
 FORMAT = "voxlane-int8-per-channel/1"
 
 
@@ -63,7 +64,7 @@ def write_int8_checkpoint(hf_weights: Mapping[str, Tensor], args: ModelArgs, pat
 def _save(state: dict[str, Tensor], path: Path) -> Path:
     from safetensors.torch import save_file
 
-    partial = path.with_name(path.name + ".partial")
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")  # each writer its own: the rename is atomic
     save_file(state, str(partial), metadata={"format": FORMAT})
     partial.chmod(0o644)  # readable like the rest of the model directory
     partial.replace(path)

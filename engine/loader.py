@@ -53,7 +53,7 @@ def read_hf_weights(model_dir: Path) -> dict[str, Tensor]:
     """All tensors of a safetensors checkpoint (single file or shards), by HF name."""
     from safetensors.torch import load_file
 
-    files = sorted(model_dir.glob("*.safetensors"))
+    files = hf_weight_files(model_dir)
     if not files:
         raise FileNotFoundError(f"no *.safetensors in {model_dir}")
     weights: dict[str, Tensor] = {}
@@ -63,6 +63,12 @@ def read_hf_weights(model_dir: Path) -> dict[str, Tensor]:
 
 
 GGUF_FILE_NAME = "model.gguf"  # the weights of a model directory prepared from a GGUF
+INT8_CHECKPOINT_NAME = "engine-int8.safetensors"  # our own int8 layout (engine.int8_checkpoint), not HF weights
+
+
+def hf_weight_files(model_dir: Path) -> list[Path]:
+    """The directory's HF safetensors (single file or shards), not our int8 checkpoint beside them."""
+    return sorted(p for p in Path(model_dir).glob("*.safetensors") if p.name != INT8_CHECKPOINT_NAME)
 
 
 def gguf_file_of(model_path: str | Path) -> Path | None:
@@ -71,7 +77,7 @@ def gguf_file_of(model_path: str | Path) -> Path | None:
     path = Path(model_path)
     if path.suffix == ".gguf":
         return path
-    if path.is_dir() and not any(path.glob("*.safetensors")) and (path / GGUF_FILE_NAME).is_file():
+    if path.is_dir() and not hf_weight_files(path) and (path / GGUF_FILE_NAME).is_file():
         return path / GGUF_FILE_NAME
     return None
 

@@ -35,12 +35,19 @@ def run(args) -> int:
         except (SchemaError, ValueError) as error:
             raise CommandError(f"invalid --host/--port: {error}") from error
     from app.logs import setup_logging
+    from app.startup_phases import StartupPhases, seconds_since_process_start
 
     setup_logging(args.log_level, as_json=args.log_json)
+    phases = StartupPhases()  # --log-level debug prints each phase ("startup: ..."); voxlane bench startup reads them
+    phases.record("interpreter and command line", seconds_since_process_start())
 
-    from app.pipeline_sessions import PipelineSessions
-    from app.server.app import create_app
-    from app.server.runner import bind_socket
+    with phases.phase("imports"):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from app.parallel_load import ModelLoadError
+        from app.pipeline_sessions import PipelineSessions
+        from app.server.app import build_page, create_app
+        from app.server.runner import bind_socket
 
     server = config.server
     try:  # bound now (port 0: the kernel picks one), so the address is known and a busy port fails at once
@@ -50,13 +57,30 @@ def run(args) -> int:
     url = f"http://{server.host}:{sock.getsockname()[1]}"
     print(f"voxlane: loading and warming up models ({config.models.asr}, {config.models.llm}, {config.models.tts}) "
           f"for {url} …", file=sys.stderr, flush=True)
-    factory = PipelineSessions(config, args.backend)
-    factory.warm_up()  # every model runs once before the server says it is serving
+    with ThreadPoolExecutor(1, thread_name_prefix="voxlane-page") as pool:
+        def timed_page():
+            with phases.phase("page"):
+                return build_page(config)
+
+        page = pool.submit(timed_page) if not args.no_ui else None  # Gradio needs no model: built meanwhile
+        try:  # every model loads (in parallel) and runs once before the server says it is serving
+            factory = PipelineSessions(config, args.backend, warm=True, phases=phases)
+        except ModelLoadError as error:
+            sock.close()
+            raise CommandError(str(error)) from error
+        try:
+            blocks = page.result() if page is not None else None
+        except BaseException:
+            sock.close()
+            factory.close()
+            raise
     from app.openai_api import openai_router
 
     # The same loaded LLM also answers OpenAI-compatible clients on /v1 (same port, same token).
-    app = create_app(config, factory, with_ui=not args.no_ui,
-                     routers=(openai_router(factory.llm, config.models.llm, config.server.max_api_requests),))
+    with phases.phase("app"):
+        app = create_app(config, factory, with_ui=not args.no_ui, page=blocks,
+                         routers=(openai_router(factory.llm, config.models.llm, config.server.max_api_requests),))
+    phases.record("serving since the process started", seconds_since_process_start())
     print(f"voxlane: serving on {url}  (WebSocket: {url.replace('http', 'ws', 1)}/ws, "
           f"OpenAI-compatible: {url}/v1, metrics: /metrics)", file=sys.stderr, flush=True)
     import uvicorn

@@ -20,11 +20,21 @@ from app.server.ws import SocketHandler
 STATIC_DIR = Path(__file__).parent / "static"
 
 
+def build_page(config: AppConfig):
+    """The Gradio page (``gr.Blocks``): it needs only the config and the personas, not the models,
+    so ``voxlane serve`` builds it while they load (importing Gradio alone takes seconds)."""
+    from app.commands.common import persona_store
+    from app.server.ui import build_ui
+
+    return build_ui(persona_store(config), config.personas.default)
+
+
 def create_app(config: AppConfig, factory: VoiceSessionFactory, with_ui: bool = True,
-               routers: tuple[APIRouter, ...] = ()) -> FastAPI:
+               routers: tuple[APIRouter, ...] = (), page=None) -> FastAPI:
     """Routes declared before the Gradio mount win, so Gradio (at ``/``) never shadows them. The
     gate in front of everything checks the access token, when one is set, for every route but
-    ``/healthz`` (``/ws`` may carry it in its ``start`` message instead)."""
+    ``/healthz`` (``/ws`` may carry it in its ``start`` message instead). ``page``: the page from
+    ``build_page`` when built already (with ``with_ui``; else it is built here)."""
     app = FastAPI(title="Voxlane", docs_url=None, redoc_url=None, openapi_url=None)
     server = config.server
     registry = SessionRegistry(server.max_sessions, server.max_pending_sockets, server.max_pending_per_client)
@@ -54,10 +64,9 @@ def create_app(config: AppConfig, factory: VoiceSessionFactory, with_ui: bool = 
     if with_ui:
         import gradio as gr
 
-        from app.commands.common import persona_store
-        from app.server.ui import HEAD, _theme, build_ui
+        from app.server.ui import HEAD, _theme
 
-        blocks = build_ui(persona_store(config), factory.default_persona())
+        blocks = page if page is not None else build_page(config)
         # ssr_mode=False: server-side rendering would need a Node server; the page is static anyway.
         # Uploads are capped like every body (the page itself uploads nothing).
         app = gr.mount_gradio_app(app, blocks, path="/", ssr_mode=False, head=HEAD, theme=_theme(),

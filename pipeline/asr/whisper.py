@@ -72,7 +72,8 @@ class WhisperTranscriber:
         self._slots = threading.BoundedSemaphore(self.config.num_workers)
         self._tokenizers_lock = threading.Lock()
         self._tokenizers: dict[str, object] = {}
-        self.transcribe(np.zeros(16000, np.float32))  # the first call is slow (allocations): not in a turn
+        # The first call is slow (allocations): front ends run one before the first turn
+        # (pipeline.models.warm_transcriber, in PipelineModels.warm_up and the parallel loader).
 
     def _prompt(self, language: str | None) -> tuple[object, list[int]]:
         from faster_whisper.tokenizer import Tokenizer

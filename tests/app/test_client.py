@@ -26,8 +26,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with ServeProcess(tmp_path_factory.mktemp("serve"), "--no-ui") as served:
+    with ServeProcess(tmp_path_factory.mktemp("serve"), "--no-ui", "--log-level", "debug") as served:
         yield served
+
+
+def test_serve_loaded_and_warmed_every_model_before_it_was_ready(server):
+    from bench.startup import PHASE
+
+    phases = {m["name"] for m in PHASE.finditer(server.log())}  # what voxlane bench startup reads
+    for model in ("llm", "asr", "vad", "turn"):
+        assert {f"load {model}", f"warm {model}"} <= phases, phases
+    assert {"load voice 0", "llm weights int8", "models loaded and warmed", "serving since the process started"} <= phases
 
 
 @pytest.fixture(scope="module")

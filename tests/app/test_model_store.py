@@ -92,6 +92,14 @@ def test_fresh_conversion_of_the_gguf_in_an_empty_home(tmp_path, monkeypatch, ca
     assert (path / "model.safetensors").stat().st_size > 500_000_000  # fp32, 134.5 M parameters
     assert [p.name for p in tmp_path.iterdir()] == ["smollm2-135m-instruct"]  # no temporary left over
     assert "[3/3] written" in capsys.readouterr().err
+    from engine.int8_checkpoint import checkpoint_path, has_int8_checkpoint
+    from engine.loader import gguf_file_of, hf_weight_files
+
+    assert has_int8_checkpoint(path)  # what the engine maps at start-up instead of quantizing
+    assert hf_weight_files(path) == [path / "model.safetensors"] and gguf_file_of(path) is None  # not HF weights
+    checkpoint_path(path).unlink()  # a directory prepared before the checkpoint existed gets it once
+    assert model_store.resolve("smollm2-135m-instruct", "llm") == path and has_int8_checkpoint(path)
+    assert sorted(p.name for p in path.iterdir() if "partial" in p.name) == []
 
 
 def _fake_split(tmp_path, monkeypatch, pieces: list[bytes], expected: int | None = None, arch: str = "llama"):
