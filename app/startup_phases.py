@@ -2,6 +2,7 @@
 
 ``voxlane serve --log-level debug`` prints one line per phase (imports, each model's load and
 warm-up, the page, the whole start since the process began); ``voxlane bench startup`` reads them.
+At the info level one line sums them up once the server is ready (``started in S s: ...``).
 Phases may overlap (the models load on threads of their own): their sum is not the start's length.
 """
 from __future__ import annotations
@@ -36,6 +37,11 @@ class StartupPhases:
         with self._lock:
             self.seconds[name] = seconds
         log.debug("startup: %s %.3f s", name, seconds)
+
+    def summary(self) -> str:
+        """Every phase so far, ``name S s`` in the order they ended."""
+        with self._lock:
+            return ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self.seconds.items())
 
     @contextlib.contextmanager
     def phase(self, name: str):

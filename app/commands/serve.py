@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 
@@ -81,6 +82,8 @@ def run(args) -> int:
         app = create_app(config, factory, with_ui=not args.no_ui, page=blocks,
                          routers=(openai_router(factory.llm, config.models.llm, config.server.max_api_requests),))
     phases.record("serving since the process started", seconds_since_process_start())
+    logging.getLogger("voxlane.startup").info("started in %.2f s: %s", phases.seconds["serving since the process started"],
+                                              phases.summary())
     print(f"voxlane: serving on {url}  (WebSocket: {url.replace('http', 'ws', 1)}/ws, "
           f"OpenAI-compatible: {url}/v1, metrics: /metrics)", file=sys.stderr, flush=True)
     import uvicorn
