@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
     models = load_models(config)
     personas = pick_persona(args, config)
     base: Persona = personas if isinstance(personas, Persona) else personas.get(config.personas.default)
-    models.warm_up(base.voice)
+    models.warm_up([base.voice])
     load_before = os.getloadavg()
     try:
         items = load_turn_set(models, args.sentences, log=None if args.json else sys.stderr)
