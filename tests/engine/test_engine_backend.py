@@ -20,16 +20,19 @@ def backend(smollm2_dir):
 def test_protocol_and_conversation_turns(backend):
     assert isinstance(backend, LLMBackend)
     history = [{"role": "system", "content": "You are a helpful voice assistant."}]
-    ttfts = []
+    cached, prompts = [], []
     for question in ["Hello!", "What is the capital of France?", "And of Italy?"]:
         history.append({"role": "user", "content": question})
         completion = backend.generate(history, SamplingParams(temperature=0, max_tokens=12), session="call-1")
         assert isinstance(completion, Completion)
         answer = "".join(completion)
         assert answer and completion.finish_reason in ("stop", "length")
-        ttfts.append(completion.cached_tokens)
+        cached.append(completion.cached_tokens)
+        prompts.append(completion.prompt_tokens)
         history.append({"role": "assistant", "content": answer})
-    assert ttfts[0] == 0 and ttfts[1] > 0 and ttfts[2] > ttfts[1]  # later turns reuse the cache
+    # Later turns reuse the cache: each finds at least the whole previous prompt there. (The first
+    # may find a little too: a slot freed by another session keeps its tokens for whoever shares them.)
+    assert cached[0] < prompts[0] and cached[1] >= prompts[0] and cached[2] >= prompts[1], (cached, prompts)
     assert backend.count_tokens(history) > 30 and backend.context_length == 512
     backend.end_session("call-1")
     assert backend.stats().slots_held == 0
