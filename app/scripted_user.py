@@ -176,10 +176,12 @@ class ScriptedUser:
         return self._push_times[0][1] if self._push_times else 0.0
 
     def run(self, inputs: list[InputAudio], barge_in_at_s: float | None = None,
-            lead_in_s: float = 0.3, is_last_played: bool = True) -> ScriptedRun:
+            lead_in_s: float = 0.3, is_last_played: bool = True, is_last_heard: bool = True) -> ScriptedRun:
         """Each input is a user turn. With ``barge_in_at_s``, each next input starts that long
         after the assistant's previous answer began playing (interrupting it). Without
-        ``is_last_played`` the run ends once the last answer starts playing (benchmarks)."""
+        ``is_last_played`` the run ends once the last answer starts playing (benchmarks); without
+        ``is_last_heard`` once the last answer is complete, not waiting for its audio to play out
+        (when its text is what counts)."""
         if inputs:
             self._last_format = (inputs[0].sample_rate, inputs[0].channels)
         self._feed(self._quiet(lead_in_s))
@@ -210,7 +212,9 @@ class ScriptedUser:
             elif is_last and not is_last_played:
                 self._silence_until(is_playing, self.turn_timeout_s)
             else:
-                self._silence_until(lambda: turn().is_done and self.player.is_idle(), self.turn_timeout_s)
+                must_play_out = is_last_heard or not is_last
+                self._silence_until(lambda: turn().is_done and (self.player.is_idle() or not must_play_out),
+                                    self.turn_timeout_s)
                 self._feed(self._quiet(0.25))
         self._close()
         return self._result(true_ends, onsets)

@@ -19,7 +19,8 @@ def ask_by_voice(models, config, persona, question: Question, timeout_s: float):
     pipeline = Pipeline(llm=models.llm, tts=models.tts, personas=persona, transcriber=models.transcriber,
                         vad_model=models.vad_model, config=config.pipeline)
     try:
-        result = ScriptedUser(pipeline, turn_timeout_s=timeout_s).run([audio])  # the whole answer
+        # The whole answer's text; its audio need not play out in real time.
+        result = ScriptedUser(pipeline, turn_timeout_s=timeout_s).run([audio], is_last_heard=False)
     finally:
         pipeline.close()
     turn = result.turns[0] if result.turns else None

@@ -55,16 +55,16 @@ max_tokens = 8
 rules = []
 """
 MIB = 1 << 20
-# Growth of the heap in use (tests/heap.py) over one round of 40 spoken turns after two warm-up
-# rounds. Measured here (2026-11-30, 2 cores): +6.0, +1.4, +2.1, +2.2 MiB in the rounds after the
-# first. With prompts packed into one prefill, +21.8 at first (attention over all chunks' keys, and
-# a oneDNN GEMM kept per prompt length: engine/quant.py gemm_rows); +4.0 and +5.0 once both were
-# fixed. A leak of 0.4 MiB a turn (the audio of every turn kept, say) exceeds it. Not RSS: in the
-# suite's process RSS also holds what glibc's arenas retain from the threads of every earlier test,
-# which says nothing about this server (voxlane serve caps the arenas at start, and its RSS stays
-# flat: docs/operations.md).
+# Growth of the heap in use (tests/heap.py) over one round of 40 spoken turns after a warm-up
+# round. Measured here (2026-11-30, 2 cores): +6.0, +1.4, +2.1, +2.2 MiB in the rounds after the
+# first, so one warm-up round is enough. With prompts packed into one prefill, +21.8 at first
+# (attention over all chunks' keys, and a oneDNN GEMM kept per prompt length: engine/quant.py
+# gemm_rows); +4.0 and +5.0 once both were fixed. A leak of 0.4 MiB a turn (the audio of every
+# turn kept, say) exceeds it. Not RSS: in the suite's process RSS also holds what glibc's arenas
+# retain from the threads of every earlier test, which says nothing about this server (voxlane
+# serve caps the arenas at start, and its RSS stays flat: docs/operations.md).
 HEAP_MARGIN = 16 * MIB
-WARM_UP_ROUNDS = 2
+WARM_UP_ROUNDS = 1
 
 
 @pytest.fixture(scope="module")
@@ -132,8 +132,8 @@ def spoken_round(server, questions):
 
 
 def test_8_clients_5_spoken_turns_each(server, questions):
-    """Two warm-up rounds first, the same 8 x 5 spoken turns: a fresh process grows over its first
-    rounds (the engine's KV cache pages in as positions are first written, first-use allocations
+    """A warm-up round first, the same 8 x 5 spoken turns: a fresh process grows over its first
+    round (the engine's KV cache pages in as positions are first written, first-use allocations
     in every library). Then the measured round."""
     for _ in range(WARM_UP_ROUNDS):
         warm = spoken_round(server, questions)
