@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 
 from app.audio_devices import AudioDeviceError, AudioDevices, SoundDevices, require_devices
 from app.echo_gate import EchoGate
@@ -52,11 +53,15 @@ async def run_mic(url: str, args, devices: AudioDevices | None = None) -> int:
             reporter = asyncio.create_task(_report_playback(ws, buffer))
             try:
                 pending = None
+                heard_at = None  # when a final transcript came whose turn has not ended yet
                 while True:
                     try:
                         raw = await asyncio.wait_for(ws.recv(), 0.5)
                     except asyncio.TimeoutError:
-                        if _file_input_done(devices) and buffer.num_buffered == 0:
+                        # A file microphone has ended: stop once all is played, but not while an
+                        # answer is still coming (a busy server may take seconds to its first audio).
+                        is_answering = heard_at is not None and time.monotonic() - heard_at < args.timeout
+                        if _file_input_done(devices) and buffer.num_buffered == 0 and not is_answering:
                             break
                         continue
                     if isinstance(raw, bytes):
@@ -75,10 +80,12 @@ async def run_mic(url: str, args, devices: AudioDevices | None = None) -> int:
                     elif kind == "playback":
                         buffer.is_paused = message["action"] == "pause"
                     elif kind == "transcript" and message["final"] and message["text"]:
+                        heard_at = time.monotonic()
                         print(f"you> {message['text']}\nassistant> ", end="", flush=True)
                     elif kind == "assistant_delta":
                         print(message["text"], end="", flush=True)
                     elif kind == "turn":
+                        heard_at = None
                         print(flush=True)
                         turns += 1
                         if args.turns and turns >= args.turns:

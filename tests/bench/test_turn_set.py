@@ -2,6 +2,8 @@
 (real Piper speech, Whisper's word timestamps) and is exactly the silence asked for (sox)."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from bench.turn_set import SENTENCES, cut_point, insert_pause, synthesize
@@ -15,7 +17,9 @@ def test_the_pause_goes_where_the_sentence_is_unfinished(piper_voice_path, whisp
     from pipeline.tts.piper_tts import PiperTTS
 
     transcriber = WhisperTranscriber(whisper_base_dir, ASRConfig())
-    text, prefix = SENTENCES[0]  # "What is the capital of | Spain?"
+    # Four words after the cut, not one: Piper samples fresh noise per synthesis, and a lone
+    # "Spain?" was once heard as "spin." (a check on a single word fails on one mishearing).
+    text, prefix = SENTENCES[1]  # "Remind me to | buy milk tomorrow morning."
     audio = synthesize(text, "piper", PiperTTS(piper_voice_path), tmp_path)
     at = cut_point(audio, text, prefix, transcriber.model)
     paused = insert_pause(audio, at, 900, tmp_path)
@@ -23,7 +27,7 @@ def test_the_pause_goes_where_the_sentence_is_unfinished(piper_voice_path, whisp
     assert np.abs(paused[at:at + 900 * 16]).max() < 1e-3  # the inserted silence
     np.testing.assert_allclose(paused[at + 900 * 16:], audio[at:], atol=1e-4)
     first, rest = transcriber.transcribe(audio[:at]).text, transcriber.transcribe(audio[at:]).text
-    assert wer(prefix, first) <= 0.2 and "spain" in rest.lower(), (first, rest)
+    assert wer(prefix, first) <= 0.34 and wer(text[len(prefix):], rest) <= 0.25, (first, rest)
 
 
 def test_the_report_counts_cuts_on_paused_items_and_missed_ends_on_complete_ones():
@@ -35,3 +39,18 @@ def test_the_report_counts_cuts_on_paused_items_and_missed_ends_on_complete_ones
     assert (report["false_cuts"], report["paused_items"], report["false_cut_rate"]) == (1, 2, 0.5)
     assert (report["missed_ends"], report["late_verdicts"], report["complete_items"], report["unanswered"]) == (1, 1, 3, 1)
     assert report["voice_to_voice_ms"]["n"] == 2
+
+
+def test_bench_turns_runs_end_to_end_on_one_sentence(capsys):
+    """``voxlane bench turns`` itself, smallest form: one sentence (whole, and with its thinking
+    pause) through real sessions in semantic mode; the report has both items and the finished one
+    was answered."""
+    from bench.turns import main
+
+    assert main(["--sentences", "1", "--modes", "semantic", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["conditions"]["items"] == 2
+    report = data["modes"]["semantic"]
+    assert (report["paused_items"], report["complete_items"], report["unanswered"]) == (1, 1, 0), report
+    assert all(row["turns"] >= 1 and row["heard"] for row in data["rows"]["semantic"]), data["rows"]
+    print(json.dumps(report))  # the figures, for the log: reported, not asserted
