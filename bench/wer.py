@@ -29,6 +29,20 @@ def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
     return row[-1], len(ref)
 
 
+def words_missed(reference: str, hypothesis: str) -> tuple[int, int]:
+    """(reference words the hypothesis does not say in their order, number of reference words):
+    the reference's length minus the longest common subsequence of the two. Words the hypothesis
+    adds cost nothing (Whisper on a short clip repeats a word: "Paris." heard as "Paris Paris Paris
+    Paris"), so this asks only "was everything said?"."""
+    ref, hyp = words(reference), words(hypothesis)
+    row = [0] * (len(hyp) + 1)  # row[j]: LCS of the reference so far and hyp[:j]
+    for r in ref:
+        prev = 0  # the previous row's row[j - 1]
+        for j, h in enumerate(hyp, 1):
+            prev, row[j] = row[j], prev + 1 if r == h else max(row[j], row[j - 1])
+    return len(ref) - row[-1], len(ref)
+
+
 def wer(reference: str, hypothesis: str) -> float:
     errors, total = word_errors(reference, hypothesis)
     return errors / max(1, total)

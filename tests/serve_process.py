@@ -24,10 +24,12 @@ class ServeProcess:
         self.log_path = folder / "serve.log"
         self.args = args
         self.start_timeout_s = start_timeout_s
-        personas = folder / "personas"  # empty: whatever personas this machine's user has are not used
-        personas.mkdir(exist_ok=True)
+        # The user's persona folder: empty unless a test writes a persona there; whatever personas
+        # this machine's user has are not used.
+        self.personas_dir = folder / "personas"
+        self.personas_dir.mkdir(exist_ok=True)
         self.env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1",
-                        VOXLANE_PERSONAS_USER_DIR=str(personas))
+                        VOXLANE_PERSONAS_USER_DIR=str(self.personas_dir))
         self.process: subprocess.Popen | None = None
         self.url = ""
 
