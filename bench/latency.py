@@ -162,7 +162,8 @@ def report(turns: list[dict], barge: dict, args, config) -> dict:
     return {"conditions": {"load_average": [round(x, 2) for x in os.getloadavg()], "cpu_count": os.cpu_count(),
                            "asr": config.models.asr, "llm": config.models.llm, "llm_backend": config.llm.backend,
                            "max_tokens": args.max_tokens, "partials": config.pipeline.asr.is_partial_enabled,
-                           "pause_ms": config.pipeline.vad.pause_ms},
+                           "pause_ms": config.pipeline.vad.pause_ms,
+                           "answer_pause_ms": min(config.pipeline.vad.answer_pause_ms, config.pipeline.vad.pause_ms)},
             "voice_to_voice_ms": summary(v2v), "stages_ms_from_vad_speech_end": stages,
             "wer": round(errors / max(1, words), 4), "reused": reused, "turns": turns, "barge_in": barge}
 

@@ -23,7 +23,8 @@ class VADConfig:
     neg_threshold: float = 0.35  # below this a frame is silence (hysteresis against flicker)
     pre_roll_ms: int = 256  # audio kept from before the onset: Whisper needs the first phoneme
     onset_gap_ms: int = 160  # silence that ends a not-yet-confirmed onset (a cough, a click)
-    pause_ms: int = 192  # silence after which ASR transcribes early, so the final is ready at end of turn
+    pause_ms: int = 192  # silence after which the end-of-turn signals are read ("semantic" endpointing)
+    answer_pause_ms: int = 96  # silence after which the speculative answer starts (ASR final, LLM, TTS); <= pause_ms
 
     def __post_init__(self) -> None:
         check(0.05 <= self.threshold <= 0.95, "threshold", f"must be in [0.05, 0.95], got {self.threshold}")
@@ -34,6 +35,8 @@ class VADConfig:
         check(0 <= self.pre_roll_ms <= 2000, "pre_roll_ms", f"must be in [0, 2000], got {self.pre_roll_ms}")
         check(32 <= self.onset_gap_ms <= 1000, "onset_gap_ms", f"must be in [32, 1000], got {self.onset_gap_ms}")
         check(32 <= self.pause_ms <= 3000, "pause_ms", f"must be in [32, 3000], got {self.pause_ms}")
+        check(32 <= self.answer_pause_ms <= 3000, "answer_pause_ms",
+              f"must be in [32, 3000], got {self.answer_pause_ms} (a value above pause_ms acts as pause_ms)")
 
 
 @dataclass(frozen=True)

@@ -43,8 +43,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "silence: its fixed silence_ms)")
     parser.add_argument("--no-partials", action="store_true", help="no partial transcripts while speaking")
     parser.add_argument("--pause-ms", type=int,
-                        help="silence after which the answer starts speculatively, committed at the persona's "
-                             "silence_ms (default: [pipeline.vad] pause_ms)")
+                        help="silence after which the end-of-turn signals are read (default: [pipeline.vad] pause_ms)")
+    parser.add_argument("--answer-pause-ms", type=int,
+                        help="silence after which the answer starts speculatively, held until the turn ends "
+                             "(default: [pipeline.vad] answer_pause_ms; at most pause_ms)")
 
 
 def app_config(args: argparse.Namespace):
@@ -57,8 +59,9 @@ def app_config(args: argparse.Namespace):
     pipeline = config.pipeline
     if args.no_partials:
         pipeline = dataclasses.replace(pipeline, asr=dataclasses.replace(pipeline.asr, is_partial_enabled=False))
-    if args.pause_ms is not None:
-        pipeline = dataclasses.replace(pipeline, vad=dataclasses.replace(pipeline.vad, pause_ms=args.pause_ms))
+    pauses = {k: v for k, v in (("pause_ms", args.pause_ms), ("answer_pause_ms", args.answer_pause_ms)) if v is not None}
+    if pauses:
+        pipeline = dataclasses.replace(pipeline, vad=dataclasses.replace(pipeline.vad, **pauses))
     personas = dataclasses.replace(config.personas, default=args.persona or config.personas.default)
     return dataclasses.replace(config, models=models, llm=llm, pipeline=pipeline, personas=personas)
 

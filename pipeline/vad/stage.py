@@ -118,11 +118,15 @@ class VADStage(Stage):
             self._onset = []
         elif state_before == "speaking" or (self.detector.state == "speaking"):
             yield UserAudio(gen=self._turn_gen, samples=samples, is_speech=self.detector.is_voiced)
-        if "pause" in events:
+        if "pause" in events:  # the answer starts (held until the end; a resume drops it unheard)
             self.book.mark(self._turn_gen, "speech_paused", time.monotonic())
             if self._is_semantic():
-                self.endpointer.on_pause(self._turn_gen, np.concatenate(self._turn_audio), self.detector.endpointing)
+                self.endpointer.on_answer(self._turn_gen)  # its words' probe may come before the judging pause
             yield SpeechPaused(gen=self._turn_gen)
+        if "judge" in events and self._is_semantic():
+            self.endpointer.on_pause(self._turn_gen, np.concatenate(self._turn_audio), self.detector.endpointing)
+            if "end" not in events:  # the words' signal was in already: a verdict now may end the turn now
+                events = events + self.detector.poll(self._end_silence_ms())
         yield from self._apply_verdict(events)
         self._pre_roll.append(samples)
 

@@ -4,9 +4,11 @@ idle ──p ≥ pause_threshold──► onset ──min_speech_ms voiced──
                    └──onset_gap_ms silent──► idle (a blip: cough, click; never a turn)
 
 ``onset`` is reported at once so playback can pause within one frame; ``start`` only once the
-sound has lasted min_speech_ms, so a cough never interrupts. ``pause`` (pause_ms of silence
-inside a turn) starts the answer speculatively; ``resume`` (speech again after a pause) voids
-it; ``end`` commits the turn. How much silence ends it is the caller's to say at every frame
+sound has lasted min_speech_ms, so a cough never interrupts. ``pause`` (answer_pause_ms of
+silence inside a turn) starts the answer speculatively; ``judge`` (pause_ms of silence) is when the
+end-of-turn signals are read; ``resume`` (speech again after a pause) voids the answer; ``end``
+commits the turn. The answer starts before the judging pause because it is cheap to throw away
+(a new gen drops it unheard) and the path after the last word is what the user waits for. How much silence ends it is the caller's to say at every frame
 (``end_silence_ms``): the persona's fixed ``silence_ms``, or what the end-of-turn signals decided
 (pipeline/endpointing/); ``poll`` applies a decision that arrives between frames.
 """
@@ -28,7 +30,13 @@ class TurnDetector:
         self.is_voiced = False
         self._voiced_ms = 0
         self._silent_ms = 0
-        self._is_pause_sent = False
+        self._is_pause_sent = False  # "pause": the answer to the words so far has started
+        self._is_judge_sent = False  # "judge": the end-of-turn signals of this pause are being read
+
+    @property
+    def answer_pause_ms(self) -> int:
+        """The silence after which the answer starts: never later than the judging pause."""
+        return min(self.config.answer_pause_ms, self.config.pause_ms)
 
     def update(self, prob: float, endpointing: Endpointing | None = None, end_silence_ms: int | None = None) -> list[str]:
         """``endpointing`` is read at each onset (the persona may have changed since the last turn);
@@ -59,12 +67,15 @@ class TurnDetector:
             if self.is_voiced:
                 if self._is_pause_sent:
                     events.append("resume")  # the speculative answer to the words so far is void
-                self._silent_ms, self._is_pause_sent = 0, False
+                self._silent_ms, self._is_pause_sent, self._is_judge_sent = 0, False, False
             else:
                 self._silent_ms += FRAME_MS
-                if self._silent_ms >= self.config.pause_ms and not self._is_pause_sent:
+                if self._silent_ms >= self.answer_pause_ms and not self._is_pause_sent:
                     self._is_pause_sent = True
-                    events.append("pause")  # always before "end": the answer starts at the pause
+                    events.append("pause")  # always before "judge" and "end": the answer starts first
+                if self._silent_ms >= self.config.pause_ms and not self._is_judge_sent:
+                    self._is_judge_sent = True
+                    events.append("judge")
                 events += self.poll(end_silence_ms)
         return events
 
@@ -78,6 +89,6 @@ class TurnDetector:
 
     def _maybe_start(self) -> list[str]:
         if self._voiced_ms >= self.endpointing.min_speech_ms:
-            self.state, self._silent_ms, self._is_pause_sent = "speaking", 0, False
+            self.state, self._silent_ms, self._is_pause_sent, self._is_judge_sent = "speaking", 0, False, False
             return ["start"]
         return []

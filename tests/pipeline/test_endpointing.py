@@ -35,11 +35,11 @@ class ScriptedVAD:
 class Harness:
     """A VAD stage with an endpointer whose text signal the test delivers by hand (no audio model)."""
 
-    def __init__(self, endpointing: Endpointing):
+    def __init__(self, endpointing: Endpointing, config: VADConfig = VADConfig(pause_ms=PAUSE_MS)):
         self.vad = ScriptedVAD()
         self.ticks: list[int] = []
         self.endpointer = Endpointer(None, can_probe_text=True, wake=self.ticks.append)
-        self.stage = VADStage(self.vad, VADConfig(pause_ms=PAUSE_MS), TurnCounter(), lambda: endpointing,
+        self.stage = VADStage(self.vad, config, TurnCounter(), lambda: endpointing,
                               WaterfallBook(), endpointer=self.endpointer)
         self.frames: list[tuple[int, object]] = []  # (frame index, output frame)
         self.index = 0
@@ -165,6 +165,47 @@ def test_an_unfinished_sentence_ends_anyway_after_the_long_silence():
     h.feed(0.0, frames(2000))
     [(end, _)] = h.of(SpeechEnded)
     assert end - last_voiced == frames(1600)
+
+
+def answer_before_judging() -> tuple[Harness, int]:
+    """The answer starts at a 96 ms pause, the signals are read at 192 ms: speech, then 96 ms of
+    silence; returns the harness and the index of the last voiced frame."""
+    h = Harness(SEMANTIC, VADConfig(pause_ms=192, answer_pause_ms=96))
+    h.feed(0.0, 3)
+    h.feed(0.9, frames(1000))
+    last_voiced = h.index - 1
+    h.feed(0.0, frames(96))
+    return h, last_voiced
+
+
+def test_words_probed_as_the_answer_starts_count_when_the_longer_pause_is_judged():
+    from pipeline.frames import SpeechPaused
+
+    h, last_voiced = answer_before_judging()
+    [(paused, _)] = h.of(SpeechPaused)  # the answer starts: ASR's final, then the probe of its words
+    assert paused - last_voiced == frames(96)
+    h.text_signal(0.4)  # before the judging pause: kept for it, nothing decided yet
+    assert not h.of(TurnJudged) and not h.endpointer.wants_text(h.stage._turn_gen)
+    h.feed(0.0, frames(96))
+    [(judged_at, judged)] = h.of(TurnJudged)
+    assert judged_at - last_voiced == frames(192) and judged.p_text == 0.4 and judged.is_complete
+    h.feed(0.0, frames(400))
+    [(end, _)] = h.of(SpeechEnded)
+    assert end - last_voiced == frames(192)
+
+
+def test_words_going_on_after_the_answer_started_are_probed_again():
+    h, _ = answer_before_judging()
+    h.text_signal(0.4)  # "What is the capital": the probe of the first answer's words
+    h.feed(0.9, frames(500))  # "... of Spain?" before the pause was judged
+    [(_, resumed)] = [(i, f) for i, f in h.of(Interrupt) if f.reason == "resume"]
+    assert not h.endpointer.wants_text(resumed.gen)  # not before its own answer starts
+    h.feed(0.0, frames(96))
+    assert h.endpointer.wants_text(resumed.gen)  # the old words' probe is not this turn's
+    h.text_signal(1e-5)
+    h.feed(0.0, frames(96))
+    [(_, judged)] = h.of(TurnJudged)
+    assert judged.gen == resumed.gen and judged.p_text == 1e-5 and not judged.is_complete
 
 
 def test_silence_mode_ends_after_silence_ms_whatever_the_signals_say():
