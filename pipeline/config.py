@@ -83,8 +83,10 @@ class ASRConfig:
 class ChunkerConfig:
     """Where the token stream is cut for speech: short first chunk (fast first audio), longer later."""
 
-    first_min_words: int = 3  # the first chunk ends at the first clause/sentence boundary after this many words
-    first_max_words: int = 5  # ... or at a word boundary after this many, punctuation or not
+    # The first chunk is short: its synthesis (and the tokens before it) is what the user waits for;
+    # the next ones grow (3, 6, 12, 24, 30 words) and are made while the one before plays.
+    first_min_words: int = 2  # the first chunk ends at the first clause/sentence boundary after this many words
+    first_max_words: int = 3  # ... or at a word boundary after this many, punctuation or not
     min_words: int = 6  # later chunks end at a sentence boundary after this many words
     clause_words: int = 14  # ... or at a clause boundary (, ; :) after this many
     max_words: int = 30  # ... or at a word boundary after this many

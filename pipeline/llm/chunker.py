@@ -3,7 +3,7 @@
 The first piece is short (it ends at the first clause or sentence boundary after a few words)
 so the first audio comes fast; later pieces end at sentence boundaries and run longer, which
 sounds more natural. How much longer ramps up: piece n (from 0) is cut after at most
-``first_max_words * 2**n`` words (then ``max_words``), at a clause after half that, so each piece is
+``first_max_words * 2**n`` words (3, 6, 12, 24, then ``max_words``), at a clause after half that, so each piece is
 synthesized while the one before it plays (a 30-word second piece left seconds of silence after
 the first under load). A boundary is only decided once the character after it has arrived, so
 "3.14" and "e.g. this" are never split: a period followed by a digit is not a boundary, and a

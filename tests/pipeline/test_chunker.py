@@ -31,11 +31,11 @@ def test_first_chunk_short_later_chunks_longer(step):
 
 @pytest.mark.parametrize("step", [1, 1000])
 def test_later_chunks_grow_step_by_step(step):
-    """No long second chunk: each is at most twice the one before (5, 10, 20, then 30 words), so TTS
+    """No long second chunk: each is at most twice the one before (3, 6, 12, 24, then 30 words), so TTS
     has it ready while the previous one plays."""
     text = " ".join(f"word{i}" for i in range(120)) + "."
     out = chunks(text, step)
-    assert [len(c.split()) for c in out[:5]] == [5, 10, 20, 30, 30]
+    assert [len(c.split()) for c in out[:6]] == [3, 6, 12, 24, 30, 30]
     assert " ".join(out) == text
 
 
@@ -56,13 +56,20 @@ def test_never_splits_inside_numbers_or_abbreviations(text):
 
 def test_etc_ends_a_sentence_before_a_capital():
     out = chunks("Okay. We have apples and plums etc. and pears etc. Then we have nuts.", 1,
-                 first_min_words=1, min_words=1)
+                 first_min_words=1, first_max_words=5, min_words=1)
     assert out == ["Okay.", "We have apples and plums etc. and pears etc.", "Then we have nuts."]
 
 
 def test_first_chunk_is_cut_after_a_few_words_even_without_punctuation():
     out = chunks("Well I think the answer you are looking for is probably forty two", 1)
     assert len(out[0].split()) == ChunkerConfig().first_max_words
+
+
+def test_the_first_chunk_is_three_words_or_a_clause_of_two():
+    """What the user waits for is the first chunk's tokens and its synthesis: it is kept short."""
+    assert chunks("The capital of France is Paris.")[0] == "The capital of"
+    assert chunks("Of course, here is a tip for you.")[0] == "Of course,"
+    assert chunks("Sure, here is a tip.")[0] == "Sure, here is"  # one word before the comma: too short alone
 
 
 def test_markdown_code_emoji_and_urls_are_not_spoken():
