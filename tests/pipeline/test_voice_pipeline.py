@@ -11,8 +11,8 @@ import pytest
 from app.scripted_user import speech_bounds
 from bench.wer import wer
 from pipeline.audio import resample_once
-from pipeline.frames import (AudioOut, PlaybackPause, PlaybackResume, SpeechEnded, SpeechStarted, Transcript,
-                             TurnDone)
+from pipeline.frames import (AudioOut, PlaybackPause, PlaybackResume, SpeakChunk, SpeechEnded, SpeechStarted,
+                             TextDelta, Transcript, TurnDone)
 from pipeline.persona.store import PersonaStore
 from pipeline.pipeline import Pipeline
 from tests.pipeline.fakes import FakeBackend, SilentTTS
@@ -95,15 +95,27 @@ def test_a_cough_pauses_playback_then_resumes_and_is_no_turn(voice_pipeline, say
 
 
 def test_speech_after_a_pause_drops_the_speculative_answer(voice_pipeline, say):
-    # pause of 300 ms: more than pause_ms (192, the answer starts), less than silence_ms (500)
+    # pause of 300 ms: more than answer_pause_ms (96, the answer starts), less than silence_ms (500)
     first, second = (trimmed(say(text, "flite")[0]) for text in ("What is the capital", "of France?"))
-    push(voice_pipeline, np.concatenate([silence(0.3), first, silence(0.3), second, silence(1.2)]))
+    backend, completions = voice_pipeline.backend, []
+    backend.delay_s = 0.2  # a word every 200 ms: the first answer is still being written when the user goes on
+    generate = backend.generate
+    backend.generate = lambda *args, **kwargs: completions.append(generate(*args, **kwargs)) or completions[-1]
+    push(voice_pipeline, np.concatenate([silence(0.3), first, silence(0.3)]))
+    deadline = time.monotonic() + 20
+    while not completions and time.monotonic() < deadline:  # the answer to "What is the capital" starts
+        time.sleep(0.01)
+    assert completions, "no speculative answer started at the pause"
+    push(voice_pipeline, np.concatenate([second, silence(1.2)]))
     frames = drain(voice_pipeline, until=lambda f: isinstance(f, TurnDone))
     started = [f for f in frames if isinstance(f, SpeechStarted)]
     assert len(started) == 2 and started[1].is_continuation  # the utterance went on under a new gen
     gen = started[1].gen
-    # The answer to "What is the capital" may have started (it depends on timing); it is never heard:
-    assert all(f.gen == gen for f in frames if isinstance(f, (AudioOut, TurnDone, SpeechEnded)))
+    # The answer to "What is the capital" was cancelled, freed its slot, and none of it was heard:
+    assert len(completions) >= 2 and not completions[-1].cancelled.is_set()
+    assert all(c.cancelled.is_set() for c in completions[:-1])
+    assert backend.active == 0
+    assert all(f.gen == gen for f in frames if isinstance(f, (AudioOut, SpeakChunk, TextDelta, TurnDone, SpeechEnded)))
     finals = [f.text for f in frames if isinstance(f, Transcript) and f.is_final]
     # Both halves in one final (flite spliced at a 300 ms gap reads as "capital of the France": 1 word)
     assert finals and wer("What is the capital of France?", finals[-1]) <= 0.2, finals
