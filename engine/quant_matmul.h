@@ -33,6 +33,18 @@ inline float hsum(__m256 v) {
 }
 #endif
 
+// How far ahead (bytes) the kernels prefetch the weights: the same block of the row group at least
+// 4 KB further on, every cache line of it. The R rows of a group are contiguous, and each row is a
+// few hundred bytes to a few KB read in R interleaved streams, too short for the hardware
+// prefetcher to get ahead within one. Measured on Qwen2.5-0.5B's matrices (1 thread, batch 1, int8
+// activations): the next group's first line per block (the old way) streamed 374 MB in ~126 ms,
+// every line >= 4 KB ahead in ~86-96 ms (load ~7; K-quant blocks span 3-4 lines, of which only
+// the first was fetched).
+inline int64_t prefetch_distance(int64_t group_bytes) {
+  constexpr int64_t kAhead = 4096;
+  return (kAhead + group_bytes - 1) / group_bytes * group_bytes;
+}
+
 // sums[m * R + r] = dot(x row m, weight row r) for R consecutive weight rows starting at w.
 template <class B, int R, int MB>
 inline void dot_rows(const uint8_t* w, int64_t row_bytes, int64_t nblocks, const float* x, int64_t ldx,
@@ -41,13 +53,13 @@ inline void dot_rows(const uint8_t* w, int64_t row_bytes, int64_t nblocks, const
   __m256 acc[R][MB];
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < MB; ++m) acc[r][m] = _mm256_setzero_ps();
+  const int64_t ahead = prefetch_distance(R * row_bytes);
   for (int64_t blk = 0; blk < nblocks; ++blk) {
     const float* xb = x + blk * B::QK;
     for (int r = 0; r < R; ++r) {
       const uint8_t* wb = w + r * row_bytes + blk * B::BYTES;
-      // The next row group's same block: rows are a few hundred bytes, too short for the
-      // hardware prefetcher to get ahead within one.
-      _mm_prefetch(reinterpret_cast<const char*>(wb + R * row_bytes), _MM_HINT_T0);
+      for (int line = 0; line < B::BYTES; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(wb + ahead + line), _MM_HINT_T0);
       B::expand(wb, [&](int g, __m256 wv) {
         for (int m = 0; m < MB; ++m) acc[r][m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xb + m * ldx + 8 * g), acc[r][m]);
       });

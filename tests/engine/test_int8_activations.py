@@ -23,11 +23,11 @@ def quantize_q8_twin(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(blocks * inverse) * d).reshape(x.shape)
 
 
-def check_q8_kernel(ops, weight: QuantWeight):
+def check_q8_kernel(ops, weight: QuantWeight, batches=(1, 3, 8)):
     twin = weight.dequantize().double()
     g = torch.Generator().manual_seed(weight.format)
     bias = torch.randn(weight.rows, generator=g)
-    for M in (1, 3, 8):
+    for M in batches:
         x = torch.randn(M, weight.cols, generator=g)
         reference = quantize_q8_twin(x).double() @ twin.T + bias.double()
         got = ops.quant_linear_q8(x, weight.blocks, weight.format, weight.cols, bias)
@@ -50,6 +50,16 @@ def test_smollm2_q8_kernels(ops, smollm2_tensors, name, format):
 def test_qwen_q8_kernels(ops, qwen_tensors, format):
     name = next(n for n, t in qwen_tensors.tensors.items() if t.ggml_type == format and len(t.shape) == 2)
     check_q8_kernel(ops, first_rows(qwen_tensors.quant(name)))
+
+
+@pytest.mark.parametrize("name", ["blk.0.ffn_gate.weight", "blk.0.attn_v.weight", "blk.0.ffn_down.weight",
+                                  "blk.2.ffn_down.weight", "output.weight"])
+def test_qwen_q8_kernels_grouped_and_tails(ops, qwen_tensors, name):
+    """The kernels sum 8 sub-blocks' integer dots before scaling them (a K-quant block, or 8 blocks of
+    Q5_0 / Q8_0; the rest of a row block by block): rows of 896 values are 3 groups of 8 blocks and a
+    tail of 4, 99 rows end with rows one by one, and every register tiling of 1-8 activation rows runs."""
+    weight = first_rows(qwen_tensors.quant(name), rows=99)
+    check_q8_kernel(ops, weight, batches=(1, 2, 4, 5, 8))
 
 
 def test_q8_kernel_refuses_formats_without_an_integer_path(ops):
