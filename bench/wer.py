@@ -1,6 +1,9 @@
 """Word error rate: (substitutions + deletions + insertions) / reference words, on normalized text
-(lower case, no punctuation, contractions expanded, small numbers as digits)."""
+(lower case, no punctuation, contractions expanded, small numbers as digits); and the share of a
+text's letters a transcript missed."""
 from __future__ import annotations
+
+import re
 
 from pipeline.asr.guard import normalize
 
@@ -29,18 +32,33 @@ def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
     return row[-1], len(ref)
 
 
-def words_missed(reference: str, hypothesis: str) -> tuple[int, int]:
-    """(reference words the hypothesis does not say in their order, number of reference words):
-    the reference's length minus the longest common subsequence of the two. Words the hypothesis
-    adds cost nothing (Whisper on a short clip repeats a word: "Paris." heard as "Paris Paris Paris
-    Paris"), so this asks only "was everything said?"."""
-    ref, hyp = words(reference), words(hypothesis)
-    row = [0] * (len(hyp) + 1)  # row[j]: LCS of the reference so far and hyp[:j]
-    for r in ref:
+def _common_length(a, b) -> int:
+    """The length of the longest common subsequence of two sequences."""
+    row = [0] * (len(b) + 1)  # row[j]: LCS of a's items so far and b[:j]
+    for x in a:
         prev = 0  # the previous row's row[j - 1]
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], prev + 1 if r == h else max(row[j], row[j - 1])
-    return len(ref) - row[-1], len(ref)
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], prev + 1 if x == y else max(row[j], row[j - 1])
+    return row[-1]
+
+
+def letters(text: str) -> str:
+    """The normalized words' letters and digits, run together: "France is" and "Francis" differ
+    by one letter, not by two words."""
+    return re.sub(r"[^a-z0-9]", "", "".join(words(text)))
+
+
+def letters_missed(reference: str, hypothesis: str, context: str = "") -> float:
+    """The fraction of the reference's letters the hypothesis does not say in their order (0..1).
+    Added letters cost nothing (Whisper on a short clip repeats a word: "Paris." heard as "Paris
+    Paris Paris Paris"), and homophones little ("France is Paris." as "Francis Paris": 0.08), so
+    this asks "was everything said?". With ``context``, the hypothesis transcribes the context's
+    audio followed by the reference's: only what is said after what the context accounts for
+    counts (the context's own letters cannot stand in for the reference's)."""
+    ref, hyp, ctx = letters(reference), letters(hypothesis), letters(context)
+    if not ref:
+        raise ValueError("nothing to hear in the reference")
+    return 1.0 - (_common_length(ctx + ref, hyp) - _common_length(ctx, hyp)) / len(ref)
 
 
 def wer(reference: str, hypothesis: str) -> float:

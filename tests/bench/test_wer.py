@@ -1,5 +1,5 @@
 """The word-level measures the end-to-end tests and benchmarks judge transcripts with."""
-from bench.wer import wer, word_errors, words_missed
+from bench.wer import letters_missed, wer, word_errors
 
 
 def test_word_errors_count_substitutions_deletions_and_insertions():
@@ -8,10 +8,18 @@ def test_word_errors_count_substitutions_deletions_and_insertions():
     assert wer("What is the capital of France?", "what is the capital of france") == 0.0
 
 
-def test_words_missed_ignores_added_words_but_not_missing_or_reordered_ones():
-    assert words_missed("Paris.", "Paris Paris Paris Paris") == (0, 1)
-    assert words_missed("towards humans.", "to war tumult") == (2, 2)
-    assert words_missed("The capital of France is", "Francis") == (5, 5)  # a chunk cut short
-    assert words_missed("The capital of France is", "") == (5, 5)  # its audio missing
-    assert words_missed("one two three", "three two one") == (2, 3)  # only one word in order
-    assert words_missed("a b c d", "x a y b z c w d v") == (0, 4)
+def test_letters_missed_forgives_added_words_and_homophones_but_not_missing_words():
+    assert letters_missed("Paris.", "Paris Paris Paris Paris") == 0.0
+    assert letters_missed("The capital of France is", "the capital of Francis.") < 0.1
+    assert letters_missed("found everywhere. They're everywhere.", "found everywhere. They are everywhere.") == 0.0
+    assert letters_missed("The capital of France is", "Francis") > 0.6  # a chunk cut short
+    assert letters_missed("The capital of France is", "") == 1.0  # its audio missing
+    assert letters_missed("one two three", "three two one") > 0.5  # said out of order
+
+
+def test_letters_missed_after_a_context_counts_only_what_is_said_after_it():
+    # the previous chunk's audio, then this chunk's
+    assert letters_missed("France is Paris.", "the capital of Francis Paris", "The capital of") < 0.1
+    assert letters_missed("France is Paris.", "the capital of Paris", "The capital of") > 0.6  # cut to one word
+    # this chunk's audio missing: the context's own letters cannot stand in for it
+    assert letters_missed("everywhere.", "they're everywhere cats are", "They're everywhere. Cats are") == 1.0
