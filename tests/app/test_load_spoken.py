@@ -134,7 +134,7 @@ def spoken_round(server, questions):
 def test_8_clients_5_spoken_turns_each(server, questions):
     """A warm-up round first, the same 8 x 5 spoken turns: a fresh process grows over its first
     round (the engine's KV cache pages in as positions are first written, first-use allocations
-    in every library). Then the measured round."""
+    in every library). Then the measured round (and a second one if the first grew the heap)."""
     for _ in range(WARM_UP_ROUNDS):
         warm = spoken_round(server, questions)
         print(f"\nwarm-up: {warm.summary()}")
@@ -161,4 +161,18 @@ def test_8_clients_5_spoken_turns_each(server, questions):
     print(f"heap in use {heap_before / MIB:.0f} -> {heap_after / MIB:.0f} MiB ({(heap_after - heap_before) / MIB:+.1f}); "
           f"RSS {rss_before / MIB:.0f} -> {rss_after / MIB:.0f} MiB; session objects left {dict(objects_after)}")
     assert objects_after == objects_before
+    if abs(heap_after - heap_before) >= HEAP_MARGIN:
+        # The heap is the whole test process's: under pytest-xdist this worker ran other modules
+        # first, and their leftovers once grew it by 133 MiB during one round (RSS +43 MiB; seen in
+        # CI, not in the next 2-worker run). A leak grows it again in the next identical round: a
+        # one-off does not.
+        heap_before = heap_after
+        again = spoken_round(server, questions)
+        assert not again.failures, again.failures
+        wait_sessions_closed(server, threads)
+        server.opened.clear()
+        heap_after = memory()[0]
+        print(f"another round: heap in use {heap_before / MIB:.0f} -> {heap_after / MIB:.0f} MiB "
+              f"({(heap_after - heap_before) / MIB:+.1f})")
+        assert session_objects() == objects_before
     assert abs(heap_after - heap_before) < HEAP_MARGIN
