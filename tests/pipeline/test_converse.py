@@ -30,7 +30,9 @@ def test_two_turn_conversation_through_voxlane_converse(say, transcriber, tmp_pa
     assert code == 0
     turns = data["turns"]
     assert len(turns) == 2
-    assert wer("What is the capital of France?", turns[0]["user"]) == 0.0
+    # One word in six may be misheard: Piper samples noise per synthesis (seen once in CI: "What
+    # is the capital of friends?").
+    assert wer("What is the capital of France?", turns[0]["user"]) <= 1 / 6
     assert "cat" in turns[1]["user"].lower()
     for turn in turns:
         assert turn["assistant"] and not turn["error"]
