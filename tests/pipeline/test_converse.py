@@ -13,6 +13,7 @@ import pytest
 from app.commands import converse
 from app.scripted_user import InputAudio, ScriptedUser
 from bench.wer import letters_missed, wer, words
+from pipeline.asr.whisper import one_copy
 from pipeline.audio import resample_once, to_mono_float32
 from pipeline.persona.store import PersonaStore
 from pipeline.pipeline import Pipeline
@@ -103,6 +104,9 @@ def test_barge_in_keeps_only_the_heard_part_and_frees_the_engine(say, transcribe
     played_text = transcriber.transcribe(resample_once(to_mono_float32(played), result.player.sample_rate[first.gen], 16000)).text
     print(f"history heard: {history[0].reply!r}\nplayed audio:  {played_text!r}")
     played_words = words(played_text)
+    # Whisper sometimes reads a clipped fragment twice ("Once upon" as "once upon a once upon a",
+    # seen in CI): one copy counts.
+    played_words = (one_copy(" ".join(played_words), min_words=2) or " ".join(played_words)).split()
     # As many words as were played, give or take the word under the cut (Whisper on a clipped
     # fragment mishears homophones such as "tale"/"tail", so words are counted, not compared).
     assert abs(len(played_words) - len(heard_words)) <= 2
