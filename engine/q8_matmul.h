@@ -219,24 +219,21 @@ template <> struct Q8GroupScales<gguf::BlockQ8_0> {
     c = _mm256_setzero_ps();
   }
 };
-template <> struct Q8GroupScales<gguf::BlockQ4_0> {
+// Formats whose weights are stored with an offset (q - ZERO): the activations' sum s scaled by -ZERO * d.
+template <class B, int ZERO> struct Q8OffsetScales {
   static inline void scales(const uint8_t* b, __m256& a, __m256& c) {
-    a = halves_8<gguf::BlockQ4_0::BYTES>(b, 0);
-    c = _mm256_mul_ps(a, _mm256_set1_ps(-8.f));
+    a = halves_8<B::BYTES>(b, 0);
+    c = _mm256_mul_ps(a, _mm256_set1_ps(-float(ZERO)));
   }
 };
+template <> struct Q8GroupScales<gguf::BlockQ4_0> : Q8OffsetScales<gguf::BlockQ4_0, 8> {};
 template <> struct Q8GroupScales<gguf::BlockQ4_1> {
   static inline void scales(const uint8_t* b, __m256& a, __m256& c) {
     a = halves_8<gguf::BlockQ4_1::BYTES>(b, 0);
     c = halves_8<gguf::BlockQ4_1::BYTES>(b, 2);
   }
 };
-template <> struct Q8GroupScales<gguf::BlockQ5_0> {
-  static inline void scales(const uint8_t* b, __m256& a, __m256& c) {
-    a = halves_8<gguf::BlockQ5_0::BYTES>(b, 0);
-    c = _mm256_mul_ps(a, _mm256_set1_ps(-16.f));
-  }
-};
+template <> struct Q8GroupScales<gguf::BlockQ5_0> : Q8OffsetScales<gguf::BlockQ5_0, 16> {};
 template <> struct Q8GroupScales<gguf::BlockQ4_K> {
   // The 12 bytes of 6-bit (scale, min) pairs -> 8 scale bytes then 8 min bytes (ggml's kmask steps).
   static inline void scales(const uint8_t* b, __m256& a, __m256& c) {
