@@ -237,12 +237,14 @@ def test_browser_hands_free_barge_in_by_voice(server, playwright, smollm2_dir, t
     rate = next(a["sample_rate"] for a in stats["audio"] if a["gen"] == gen)
     print(f"\nturn {gen}: {heard_at_pause:.0f} samples heard when paused (state {pauses[0]['state']!r}), "
           f"{heard_final:.0f} in the end; user turns {users}")
-    # The reply was still going: turn 1 had not finished (no "turn" message for it yet), and no
-    # more of it had played than the server had sent. (Not the page's "speaking" at that instant:
-    # on a loaded machine a long next chunk can come late, the buffer runs dry and the page shows
-    # "listening" mid-reply: seen at load 6 with 1.3 s heard.)
+    # The reply was still going: less of it had played than the server had sent, or the server was
+    # still making it (no "turn" message for it yet: on a loaded machine a long next chunk can
+    # come late and the buffer run dry mid-reply, seen at load 6 with 1.3 s heard). On a quiet one
+    # the server has sent the whole story long before the pause (seen in CI: 7.9 s of 42 s played).
+    # (Not the page's "speaking" at that instant, which shows "listening" while the buffer is dry.)
     sent = max(a["start_sample"] + a["samples"] for a in stats["audio"] if a["gen"] == gen)
-    assert gen not in pauses[-1]["finished"] and heard_at_pause <= sent, (pauses[-1], sent)
+    still_queued, still_coming = heard_at_pause < sent, gen not in pauses[-1]["finished"]
+    assert heard_at_pause <= sent and (still_queued or still_coming), (pauses[-1], sent)
     # ... and nothing more of it played after the pause, beyond what was already in the audio
     # device's buffer when the pause message came (a few 128-sample render quanta: < 0.2 s).
     assert 0 <= heard_final - heard_at_pause < 0.2 * rate
