@@ -52,7 +52,9 @@ def summary(values: list[float]) -> dict:
 
 
 def synthesize(texts: tuple[str, ...], models, voice) -> list[InputAudio]:
-    tts = models.tts(voice)
+    """The user's questions in ``voice``, the same audio every run (no sampled variation), so runs
+    and arms compare on equal input."""
+    tts = models.tts(dataclasses.replace(voice, variation=0.0))
     return [InputAudio(np.concatenate(list(tts.synthesize(t, 1.0))), tts.sample_rate, 1) for t in texts]
 
 

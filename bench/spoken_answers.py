@@ -3,6 +3,8 @@
 as the typed one, and what Whisper heard is kept next to it."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from bench.answer_set import Question
@@ -14,7 +16,7 @@ def ask_by_voice(models, config, persona, question: Question, timeout_s: float):
     from app.scripted_user import InputAudio, ScriptedUser
     from pipeline.pipeline import Pipeline
 
-    tts = models.tts(persona.voice)
+    tts = models.tts(dataclasses.replace(persona.voice, variation=0.0))  # the same audio every run
     audio = InputAudio(np.concatenate(list(tts.synthesize(question.text, 1.0))), tts.sample_rate, 1)
     pipeline = Pipeline(llm=models.llm, tts=models.tts, personas=persona, transcriber=models.transcriber,
                         vad_model=models.vad_model, config=config.pipeline)

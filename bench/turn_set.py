@@ -159,7 +159,7 @@ def load_turn_set(models, limit: int | None = None, log=None) -> list[TurnItem]:
     if not index.is_file():
         if log is not None:
             print(f"building the turn set once into {cache} (Whisper word timestamps; a minute or more)", file=log)
-        piper = models.tts(Voice())
+        piper = models.tts(Voice(variation=0.0))  # the same audio every run: runs compare on equal input
         items = build_turn_set(piper, models.transcriber.model)
         cache.mkdir(parents=True, exist_ok=True)
         for item in items:

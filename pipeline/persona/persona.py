@@ -20,11 +20,15 @@ class Voice:
     backend: str = "piper"
     voice: str = "piper-en_US-joe-medium"  # a packaged/hub/local model for piper and coqui; a voice name for espeak/flite
     speaking_rate: float = 1.0  # 1.0 = the voice's natural pace; 1.2 = 20 % faster
+    # How much each reading of the same text varies (Piper samples noise per synthesis; this scales
+    # it): 1.0 = the voice's own, 0 = the same audio every time, flatter. Piper only.
+    variation: float = 1.0
 
     def __post_init__(self) -> None:
         check(self.backend in TTS_BACKENDS, "backend", f"must be one of {', '.join(TTS_BACKENDS)}, got {self.backend!r}")
         check(bool(self.voice.strip()), "voice", "must not be empty")
         check(0.5 <= self.speaking_rate <= 2.0, "speaking_rate", f"must be in [0.5, 2.0], got {self.speaking_rate}")
+        check(0.0 <= self.variation <= 1.5, "variation", f"must be in [0, 1.5], got {self.variation}")
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ def _build(backend: str, voice: Voice, resolve: Resolver) -> TTSBackend:
     if backend == "piper":
         from pipeline.tts.piper_tts import PiperTTS
 
-        return PiperTTS(resolve(voice.voice) if voice.backend == "piper" else resolve("piper-en_US-joe-medium"))
+        return PiperTTS(resolve(voice.voice) if voice.backend == "piper" else resolve("piper-en_US-joe-medium"),
+                        variation=voice.variation)
     if backend == "coqui":
         from pipeline.tts.coqui_tts import CoquiTTS
 
@@ -65,11 +66,12 @@ class TTSProvider:
     def __init__(self, resolve: Resolver | None = None, fallback: tuple[str, ...] = DEFAULT_FALLBACK):
         self.resolve = resolve
         self.fallback = fallback
-        self._cache: dict[tuple[str, str], TTSBackend] = {}
+        self._cache: dict[tuple[str, str, float], TTSBackend] = {}
         self._lock = threading.Lock()
 
     def __call__(self, voice: Voice) -> TTSBackend:
-        key = (voice.backend, voice.voice)  # speaking_rate is applied per call, not per backend
+        # speaking_rate is applied per call; a variation of its own is another Piper instance
+        key = (voice.backend, voice.voice, voice.variation)
         with self._lock:
             if key not in self._cache:
                 self._cache[key] = create_tts(voice, self.resolve, self.fallback)

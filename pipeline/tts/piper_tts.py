@@ -11,11 +11,16 @@ from pipeline.tts.base import Cancel, TTSError
 
 
 class PiperTTS:
-    """A Piper voice loaded from its ``.onnx`` file (the config is the same path + ``.json``)."""
+    """A Piper voice loaded from its ``.onnx`` file (the config is the same path + ``.json``).
+
+    ``variation`` scales the noise VITS samples per synthesis (the voice config's ``noise_scale``
+    and ``noise_w``): 1.0 reads the same text a little differently each time, 0 gives the same
+    samples every time (what tests and benchmarks judged by a recogniser want)."""
 
     name = "piper"
 
-    def __init__(self, model_path: str | Path, config_path: str | Path | None = None, num_threads: int = 1):
+    def __init__(self, model_path: str | Path, config_path: str | Path | None = None, num_threads: int = 1,
+                 variation: float = 1.0):
         import json
 
         import onnxruntime
@@ -45,6 +50,7 @@ class PiperTTS:
         self.voice = PiperVoice(config=config, session=session, espeak_data_dir=Path(ESPEAK_DATA_DIR),
                                 download_dir=Path.cwd())
         self.sample_rate = int(self.voice.config.sample_rate)
+        self.variation = variation
         for _ in self.synthesize("Ready."):  # the first run allocates; keep that out of the first turn
             pass
 
@@ -59,7 +65,8 @@ class PiperTTS:
         cancel = cancel or Cancel()
         config = self.voice.config
         # Piper's length_scale is a duration multiplier: faster speech means a smaller scale.
-        scales = np.array([config.noise_scale, 1.0 / speaking_rate, config.noise_w_scale], np.float32)
+        scales = np.array([config.noise_scale * self.variation, 1.0 / speaking_rate,
+                           config.noise_w_scale * self.variation], np.float32)
         for phonemes in self.voice.phonemize(text):
             if not phonemes:
                 continue

@@ -49,9 +49,11 @@ def engine_llm(smollm2_dir):
 
 @pytest.fixture(scope="session")
 def piper(piper_voice_path):
+    """The user's voice in tests: the same audio for the same text in every run (no sampled noise),
+    so what Whisper hears of it does not change from run to run."""
     from pipeline.tts.piper_tts import PiperTTS
 
-    return PiperTTS(piper_voice_path)
+    return PiperTTS(piper_voice_path, variation=0.0)
 
 
 @pytest.fixture(scope="session")
