@@ -157,11 +157,11 @@ def conversation_ttft(model_dir, settings: BenchSettings, turns: int = 5) -> lis
 
 def no_cache_row(model_dir, settings: BenchSettings) -> dict:
     """Baseline: our fp32 model recomputing the whole sequence for every new token."""
-    from engine.loader import load_model, load_tokenizer
+    from engine.loader import chat_prompt_ids, load_model, load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     model = load_model(model_dir, torch.float32)
-    ids = list(tokenizer.apply_chat_template(SHORT_PROMPT, add_generation_prompt=True, tokenize=True)["input_ids"])
+    ids = chat_prompt_ids(tokenizer, SHORT_PROMPT)
 
     @torch.inference_mode()
     def run(new_tokens: int = settings.tokens) -> tuple[float, float, float]:

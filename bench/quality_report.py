@@ -9,7 +9,7 @@ import torch
 
 from bench.quality import QUALITY_PROMPTS, compare
 from engine.kernels import load_kernels
-from engine.loader import load_model, load_tokenizer
+from engine.loader import chat_prompt_ids, load_model, load_tokenizer
 from engine.native_weights import load_native_model
 from engine.quant import quantize_int8
 
@@ -22,8 +22,7 @@ def quality_report(model_dir, num_prompts: int = 5, num_tokens: int = 48) -> dic
     from transformers import AutoModelForCausalLM
 
     tokenizer = load_tokenizer(model_dir)
-    prompts = [list(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                                  tokenize=True)["input_ids"]) for p in QUALITY_PROMPTS[:num_prompts]]
+    prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": p}]) for p in QUALITY_PROMPTS[:num_prompts]]
     stop = {tokenizer.eos_token_id}
     reference = load_model(model_dir, torch.float32)
     report = {}

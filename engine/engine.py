@@ -24,7 +24,7 @@ from engine.config import EngineConfig
 from engine.int8_checkpoint import has_int8_checkpoint
 from engine.kernels import load_kernels
 from engine.kv_cache import KVCache, common_prefix_length
-from engine.loader import load_config, load_int8_model, load_model, load_tokenizer, release_file_memory, trim_heap
+from engine.loader import chat_prompt_ids, load_config, load_int8_model, load_model, load_tokenizer, release_file_memory, trim_heap
 from engine.native_weights import load_native_model
 from engine.open_turn import open_user_turn_ids, sentence_end_token_ids
 from engine.outputs import OutputProcessor, end_of_turn_ids
@@ -132,8 +132,7 @@ class LLMEngine:
             return list(self.tokenizer.encode(prompt, add_special_tokens=False))
         if prompt and isinstance(prompt[0], int):
             return list(prompt)
-        ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return chat_prompt_ids(self.tokenizer, prompt)
 
     def encode_open_user_turn(self, messages: list[dict]) -> list[int] | None:
         """The chat template cut right after the last user message's text: no end of turn, no

@@ -131,22 +131,43 @@ def _from_pretrained(auto_class, model_path: str | Path):
 
 
 def load_config(model_path: str | Path):
-    """The transformers config of a model directory (or of a .gguf file, from its metadata)."""
-    from transformers import AutoConfig
-
+    """The config of a model directory (or of a .gguf file, from its metadata): its config.json as
+    it is when that spells out every key the engine reads (engine/model_config.py), else
+    transformers' ``AutoConfig`` (with each model class's defaults)."""
     if Path(model_path).suffix == ".gguf":
         from engine.gguf_file import GGUFFile
         from engine.gguf_weights import load_gguf_config
 
         return load_gguf_config(GGUFFile(model_path))
+    from engine.model_config import read_model_config
+
+    config = read_model_config(model_path)
+    if config is not None:
+        return config
+    from transformers import AutoConfig
+
     return _from_pretrained(AutoConfig, model_path)
 
 
 def load_tokenizer(model_path: str | Path):
-    """The HF tokenizer (and chat template) of a model directory or .gguf file."""
+    """The tokenizer and chat template of a model directory or .gguf file: ``ChatTokenizer`` on
+    the directory's tokenizer.json (no transformers import at start), else transformers'
+    ``AutoTokenizer``."""
+    path = Path(model_path)
+    if path.is_dir() and (path / "tokenizer.json").is_file():
+        from engine.chat_tokenizer import ChatTokenizer
+
+        return ChatTokenizer(path)
     from transformers import AutoTokenizer
 
     return _from_pretrained(AutoTokenizer, model_path)
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """``messages`` through the chat template with the assistant's header, as ids. (transformers 5's
+    ``apply_chat_template`` returns a BatchEncoding there, ChatTokenizer a list.)"""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
 def release_file_memory(model: torch.nn.Module) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 from engine.backends.base import Message
+from engine.loader import chat_prompt_ids
 from engine.sampling_params import SamplingParams
 from engine.stop_strings import StopStringFilter
 
@@ -107,8 +108,7 @@ class TransformersBackend:
         self.lock = threading.Lock()  # one generate() at a time: this backend does not batch
 
     def encode(self, messages: list[Message]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return chat_prompt_ids(self.tokenizer, messages)
 
     def count_tokens(self, messages: list[Message]) -> int:
         return len(self.encode(messages))

@@ -180,15 +180,14 @@ def heard_prefix_prompts(smollm2_dir, system: str, user1: str, spoken: str, writ
     prompt) of turn 2 when turn 1's reply is
     remembered as the first k words of its ``spoken`` chunks, cut off ("..."), for every k; last,
     the length with everything the model ``written``, not cut."""
-    from engine.loader import load_tokenizer
+    from engine.loader import chat_prompt_ids, load_tokenizer
 
     tokenizer = load_tokenizer(smollm2_dir)
 
     def count(assistant: str) -> int:
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user1},
                     {"role": "assistant", "content": assistant}, {"role": "user", "content": user2}]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return len(chat_prompt_ids(tokenizer, messages))
 
     words = spoken.split()
     return [count(" ".join(words[:k]) + "...") for k in range(len(words) + 1)] + [count(written)]

@@ -77,14 +77,13 @@ def test_model_path_agrees_with_fp32_activations(ops, smollm2_dir):
     weights with int8 activations, through the one-call step (prefill and decode): the quality
     report's figures, bounded (measured here: top-1 agreement 0.93-0.96, mean KL ~0.003; a wrong
     block or scale gives KL > 1)."""
-    from engine.loader import load_tokenizer
+    from engine.loader import chat_prompt_ids, load_tokenizer
 
     reference = load_native_model(smollm2_dir, 256, ops)
     candidate = load_native_model(smollm2_dir, 256, ops)
     candidate.int8_activations = True
     tokenizer = load_tokenizer(smollm2_dir)
-    prompts = [list(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                                  tokenize=True)["input_ids"]) for q in QUALITY_PROMPTS[:3]]
+    prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in QUALITY_PROMPTS[:3]]
     report = compare(reference, candidate, prompts, 32, {tokenizer.eos_token_id})
     print(report)
     assert report.num_positions >= 60

@@ -10,7 +10,7 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.gguf_file import GGUFFile
 from engine.gguf_weights import read_gguf_weights
-from engine.loader import load_config, load_tokenizer, model_from_hf_weights
+from engine.loader import chat_prompt_ids, load_config, load_tokenizer, model_from_hf_weights
 from engine.sampling_params import SamplingParams
 
 MESSAGES = [{"role": "system", "content": "You are Nova, a friendly voice assistant. Answer in one short sentence."},
@@ -20,13 +20,13 @@ MESSAGES = [{"role": "system", "content": "You are Nova, a friendly voice assist
 @pytest.fixture(scope="module")
 def qwen_fp32_pair(qwen05_dir):
     """(ours, transformers' Qwen2ForCausalLM) on the same fp32 tensors, dequantized once from the GGUF."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     config = load_config(qwen05_dir)
     hf_weights = read_gguf_weights(GGUFFile(qwen05_dir / "model.gguf"))
     ours = model_from_hf_weights(config, hf_weights, torch.float32, 256)
     with torch.device("meta"):
-        reference = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        reference = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(qwen05_dir), dtype=torch.float32)
     reference.load_state_dict(hf_weights, strict=True, assign=True)
     reference.model.rotary_emb.inv_freq = ours.inv_freq.clone()  # a buffer the checkpoint does not hold
     return ours, reference.eval()
@@ -35,8 +35,7 @@ def qwen_fp32_pair(qwen05_dir):
 def test_qwen2_logits_match_transformers(qwen_fp32_pair, qwen05_dir):
     ours, reference = qwen_fp32_pair
     assert ours.args.qkv_bias and not ours.args.tie_embeddings and ours.args.num_kv_heads == 2
-    ids = list(load_tokenizer(qwen05_dir).apply_chat_template(MESSAGES, add_generation_prompt=True,
-                                                               tokenize=True)["input_ids"])
+    ids = chat_prompt_ids(load_tokenizer(qwen05_dir), MESSAGES)
     from bench.quality import one_slot_runner
 
     with torch.inference_mode():
