@@ -69,11 +69,6 @@ class FrameQueue:
             self._items.append(item)
             self._changed.notify_all()
 
-    def holds(self, match: Callable[[object], bool]) -> bool:
-        """Whether some queued item is one ``match`` selects (another thread may be adding)."""
-        with self._changed:
-            return any(match(item) for item in self._items)
-
     def qsize(self) -> int:
         return len(self._items)
 

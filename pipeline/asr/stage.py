@@ -145,18 +145,9 @@ class ASRStage(Stage):
             return
         yield from self._partial_now(frame.gen)
 
-    def _is_silence_queued(self) -> bool:
-        """Whether a silent frame waits behind the one in hand: the user stopped (or paused) after
-        it, and the read at that silence onset reads everything a periodic partial now would, and
-        more. Such a partial is given up (before Whisper's encoder, or before its decoder): run to
-        its end, it held up the read that matters by up to a whole read (seen in 3 of 10 turns of
-        ``bench latency``: the final read started 365-440 ms after the VAD's end of speech, not 32)."""
-        return self._inbox.holds(lambda f: isinstance(f, UserAudio) and not f.is_speech)
-
     def _partial_now(self, gen: int, is_final_read: bool = False) -> Iterable[Frame]:
         self._last_partial_at = self._num_samples
-        result = self.transcriber.transcribe(self._buffer(), self.language(), is_partial=not is_final_read,
-                                             is_void=None if is_final_read else self._is_silence_queued)
+        result = self.transcriber.transcribe(self._buffer(), self.language(), is_partial=not is_final_read)
         confidence = min((seg.avg_logprob for seg in result.segments), default=None)
         self._partial = (self._num_samples, result.text, confidence) if result.text else None
         if result.text and not self.is_stale(gen):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -56,10 +55,6 @@ def one_copy(text: str, min_words: int = 4) -> str | None:
     return None
 
 
-class PartialVoided(Exception):
-    """A partial's ``is_void()`` said its words are no longer wanted (ASR reads more next)."""
-
-
 class WhisperTranscriber:
     """One loaded Whisper model, shared by many sessions. At most ``config.num_workers`` calls
     run at once (CTranslate2 keeps that many model replicas, ``inter_threads``, sharing the
@@ -91,20 +86,17 @@ class WhisperTranscriber:
             tokenizer = self._tokenizers[key]
         return tokenizer, list(tokenizer.sot_sequence) + [tokenizer.no_timestamps]
 
-    def _short_context(self, audio: np.ndarray, language: str | None, is_partial: bool = False,
-                       is_void: Callable[[], bool] | None = None) -> Segment | None:
+    def _short_context(self, audio: np.ndarray, language: str | None, is_partial: bool = False) -> Segment | None:
         """Decodes (audio + pad) only; a whole-utterance repeat keeps one copy, another loop is
         decoded once more with more pad (not for a partial: it is just skipped); None when that
         loops too (the caller falls back)."""
-        segment = self._decode_padded(audio, language, self.config.context_pad_s, is_void)
+        segment = self._decode_padded(audio, language, self.config.context_pad_s)
         if segment is None and not is_partial and self.config.loop_retry_pad_s > 0:
             segment = self._decode_padded(audio, language, self.config.context_pad_s + self.config.loop_retry_pad_s)
         return segment
 
-    def _decode_padded(self, audio: np.ndarray, language: str | None, pad_s: float,
-                       is_void: Callable[[], bool] | None = None) -> Segment | None:
-        """One decode over audio + ``pad_s`` of silence; None when it looks like a loop. Raises
-        PartialVoided when ``is_void()`` after the encoder (the decoder is the larger half)."""
+    def _decode_padded(self, audio: np.ndarray, language: str | None, pad_s: float) -> Segment | None:
+        """One decode over audio + ``pad_s`` of silence; None when it looks like a loop."""
         import ctranslate2
         from faster_whisper.transcribe import get_compression_ratio
 
@@ -114,8 +106,6 @@ class WhisperTranscriber:
         batch = np.zeros((1, features.shape[0], frames), np.float32)
         batch[0, :, : min(frames, features.shape[1])] = features[:, :frames]
         encoded = self.model.model.encode(ctranslate2.StorageView.from_array(batch))
-        if is_void is not None and is_void():
-            raise PartialVoided
         tokenizer, prompt = self._prompt(language)
         max_new = 16 + int(6 * len(audio) / 16000)  # people say < 4 words (~6 tokens) a second
         result = self.model.model.generate(encoded, [prompt], beam_size=self.config.beam_size, return_scores=True,
@@ -131,25 +121,15 @@ class WhisperTranscriber:
         avg_logprob = result.scores[0] * len(ids) / (len(ids) + 1)  # scores are length-normalized
         return Segment(text, float(result.no_speech_prob), float(avg_logprob), float(ratio))
 
-    def transcribe(self, audio: np.ndarray, language: str | None = "en", is_partial: bool = False,
-                   is_void: Callable[[], bool] | None = None) -> ASRResult:
+    def transcribe(self, audio: np.ndarray, language: str | None = "en", is_partial: bool = False) -> ASRResult:
         """``audio``: 16 kHz mono float32. Greedy (or beam) decoding, no timestamps, no context.
         A partial never takes the slow 30 s fallback: audio cut mid-word loops more often, and a
-        partial that costs 0.8 s would delay the final behind it. It is just skipped. A partial
-        with ``is_void`` is also given up (no text) when that says so before the encoder or before
-        the decoder: the caller has more audio to read, and a read that outlives the user's last
-        word delays the one that counts."""
+        partial that costs 0.8 s would delay the final behind it. It is just skipped."""
         if len(audio) < 1600:  # under 0.1 s: nothing a person says fits
             return ASRResult("")
-        is_void = is_void if is_partial else None
-        if is_void is not None and is_void():
-            return ASRResult("", [], ["partial given up: more audio came"])
         with self._slots:
             if self.config.is_short_context and len(audio) < 16000 * (30 - self.config.context_pad_s):
-                try:
-                    segment = self._short_context(audio.astype(np.float32, copy=False), language, is_partial, is_void)
-                except PartialVoided:
-                    return ASRResult("", [], ["partial given up: more audio came"])
+                segment = self._short_context(audio.astype(np.float32, copy=False), language, is_partial)
                 if segment is not None:
                     text, dropped = keep_segments([segment], self.config)
                     return ASRResult(text, [segment], dropped)

@@ -101,7 +101,7 @@ class ScriptedTTS:
 class SilentTranscriber:
     """Whatever the audio, nothing intelligible: audio exercises VAD and turn-taking, not answers."""
 
-    def transcribe(self, audio, language="en", is_partial=False, is_void=None):
+    def transcribe(self, audio, language="en"):
         return ASRResult(text="")
 
 

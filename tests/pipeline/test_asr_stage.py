@@ -19,7 +19,7 @@ class ScriptedTranscriber:
     def __init__(self):
         self.calls: list[tuple[int, bool]] = []  # (frames in the buffer, is_partial: skipped if it loops)
 
-    def transcribe(self, audio, language="en", is_partial=False, is_void=None) -> ASRResult:
+    def transcribe(self, audio, language="en", is_partial=False) -> ASRResult:
         self.calls.append((len(audio) // FRAME, is_partial))
         return ASRResult(f"{len(audio) // FRAME} frames")
 
