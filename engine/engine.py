@@ -17,6 +17,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -147,21 +148,29 @@ class LLMEngine:
         return self._sentence_end_ids
 
     def submit(self, prompt: Prompt, sampling: SamplingParams | None = None, session: str | None = None, *,
-               ignore_eos: bool = False, probe_ids: frozenset[int] | None = None) -> TokenStream:
+               ignore_eos: bool = False, probe_ids: frozenset[int] | None = None, probe_at: int | None = None,
+               on_probe: Callable[[float], None] | None = None) -> TokenStream:
         """Queue a request; returns its stream at once. ``session`` keeps the KV cache between turns;
         ``ignore_eos`` (benchmarks) generates ``max_tokens`` whatever the model says.
 
         ``probe_ids`` makes it a probe: the prompt is prefilled (into the session's slot, which keeps
         it, so a request that extends the prompt next prefills only the rest) and, instead of
-        sampling, ``stream.probe`` = P(next token in probe_ids); the stream ends "probed", no text."""
+        sampling, ``stream.probe`` = P(next token in probe_ids); the stream ends "probed", no text.
+        With ``probe_at`` as well the request generates as usual, and the same prefill gives
+        P(prompt token ``probe_at`` in probe_ids) from the logits before it: ``stream.probe``, and
+        ``on_probe(p)`` called on the engine thread before the first token goes out (one request
+        where a probe of the prompt's head and an answer were two)."""
         sampling = sampling or SamplingParams()
         ids = self.encode(prompt)
         if not ids:
             raise ValueError("prompt: empty")
         if len(ids) >= self.max_seq_len:
             raise ValueError(f"prompt: {len(ids)} tokens do not fit max_seq_len {self.max_seq_len}")
-        seq = Sequence(self._ids.next(), ids, sampling, session, probe_ids=probe_ids)
+        if probe_at is not None and (probe_ids is None or not 0 < probe_at < len(ids)):
+            raise ValueError(f"probe_at: must be inside the prompt (1..{len(ids) - 1}) with probe_ids, got {probe_at}")
+        seq = Sequence(self._ids.next(), ids, sampling, session, probe_ids=probe_ids, probe_at=probe_at)
         stream = self.outputs.open(seq, ignore_eos)
+        stream.on_probe = on_probe
         self.inbox.put_sequence(seq)
         return stream
 
@@ -228,6 +237,10 @@ class LLMEngine:
         finished: list[tuple[Sequence, str]] = []
         failed = list(ran.failed)
         added = 0
+        for seq, probability in ran.probes:  # before the tokens: a probe inside a prompt is read first
+            reason = self.outputs.probed(seq, probability)
+            if reason is not None:
+                finished.append((seq, reason))
         for seq, token in ran.tokens:
             try:
                 reason = self.outputs.append(seq, token)
@@ -237,7 +250,6 @@ class LLMEngine:
             added += 1
             if reason is not None:
                 finished.append((seq, reason))
-        finished += [(seq, self.outputs.probed(seq, probability)) for seq, probability in ran.probes]
         self.scheduler.postprocess(plan, finished)
         for seq, _ in finished:
             self._close(seq)

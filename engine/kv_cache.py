@@ -68,9 +68,10 @@ class KVCache:
         self._by_session: dict[str, Slot] = {}
         self._clock = itertools.count(1)
 
-    def acquire(self, session: str | None, prompt_ids: list[int]) -> tuple[int, int] | None:
+    def acquire(self, session: str | None, prompt_ids: list[int], max_reused: int | None = None) -> tuple[int, int] | None:
         """Claim a slot for a sequence: (slot index, number of prompt tokens already cached), or
-        None when no slot can be had now (all busy, or this session's slot is still busy)."""
+        None when no slot can be had now (all busy, or this session's slot is still busy). At most
+        ``max_reused`` tokens are taken from the cache (the rest is recomputed)."""
         slot = self._by_session.get(session) if session is not None else None
         if slot is not None and slot.is_busy:
             return None  # the session's previous turn has not released it yet (e.g. cancel pending)
@@ -84,9 +85,10 @@ class KVCache:
             if session is not None:
                 self._by_session[session] = slot
         # At least the last prompt token is recomputed: its logits pick the first new token.
-        reused = min(common_prefix_length(slot.tokens, prompt_ids), len(prompt_ids) - 1)
+        limit = len(prompt_ids) - 1 if max_reused is None else max(0, min(max_reused, len(prompt_ids) - 1))
+        reused = min(common_prefix_length(slot.tokens, prompt_ids), limit)
         slot.tokens = slot.tokens[:reused]
-        reused = self._copy_shared_prefix(slot, prompt_ids, reused)
+        reused = self._copy_shared_prefix(slot, prompt_ids, reused, limit)
         slot.is_busy = True
         slot.last_used = next(self._clock)
         return slot.index, reused
@@ -116,13 +118,13 @@ class KVCache:
         prefix.is_ready = True
         self.note_written(prefix.row, len(prefix.tokens))
 
-    def _copy_shared_prefix(self, slot: Slot, prompt_ids: list[int], reused: int) -> int:
+    def _copy_shared_prefix(self, slot: Slot, prompt_ids: list[int], reused: int, limit: int) -> int:
         """Copy the k/v of the shared prefix that covers most of ``prompt_ids`` beyond the ``reused``
         tokens the slot already holds; returns the tokens now cached."""
         best, best_length = None, reused
         for prefix in self.prefixes.values():
             if prefix.is_ready:
-                length = min(common_prefix_length(prefix.tokens, prompt_ids), len(prompt_ids) - 1)
+                length = min(common_prefix_length(prefix.tokens, prompt_ids), limit)
                 if length > best_length:
                     best, best_length = prefix, length
         if best is None:

@@ -5,6 +5,7 @@ The stepping thread alone calls ``append``/``close``; readers only see the ``Tok
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -13,6 +14,8 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.sequence import Sequence
 from engine.stop_strings import StopStringFilter
 from engine.stream import TokenStream
+
+log = logging.getLogger(__name__)
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>")
 
@@ -84,12 +87,20 @@ class OutputProcessor:
             output.stream.put(tail)
         return reason
 
-    def probed(self, seq: Sequence, probability: float) -> str:
-        """A probe's prompt is cached: its stream carries P(next token in probe_ids), no text."""
+    def probed(self, seq: Sequence, probability: float) -> str | None:
+        """A probe's prompt is cached: its stream carries P(next token in probe_ids), no text, and
+        ends ("probed"). A request probed inside its prompt (``probe_at``) goes on: None."""
         output = self._outputs[seq.id]
         output.stream.probe = probability
         output.stream.cached_tokens = seq.num_reused
-        return "probed"
+        if seq.probe_at is None:
+            return "probed"
+        if output.stream.on_probe is not None:
+            try:
+                output.stream.on_probe(probability)
+            except Exception:  # the consumer's fault: the answer goes on, stream.probe still holds the value
+                log.warning("request %d: its on_probe callback raised", seq.id, exc_info=True)
+        return None
 
     def close(self, seq: Sequence, error: BaseException | None = None) -> None:
         """The sequence is over (finished, cancelled or failed): end its stream."""

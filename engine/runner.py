@@ -33,6 +33,17 @@ class RunResult:
     failed: list[tuple[Sequence, Exception]] = field(default_factory=list)
 
 
+def inner_probes(prefills: list[tuple[Sequence, int, int]]) -> list[tuple[Sequence, int]]:
+    """The chunks that hold a generating request's probe (``Sequence.probe_at``): (sequence, the
+    row on the packed token axis whose logits give P(prompt token probe_at in its probe ids))."""
+    found, offset = [], 0
+    for seq, start, end in prefills:
+        if seq.probe_at is not None and seq.probe_ids is not None and start <= seq.probe_at - 1 < end:
+            found.append((seq, offset + seq.probe_at - 1 - start))
+        offset += end - start
+    return found
+
+
 class ModelRunner:
     """Runs prefill chunks and decode batches of our ``Transformer`` against a ``KVCache``, and
     samples each sequence's next token from the logits."""
@@ -59,17 +70,21 @@ class ModelRunner:
         # A chunk that ends its prompt wants logits: they pick the sequence's first new token.
         chunks = [(seq.slot, seq.prompt_ids[start:end], start, end == len(seq.prompt_ids))
                   for seq, start, end in plan.prefills]
+        inner = inner_probes(plan.prefills)  # requests that generate, probed inside their prompt
+        inner_rows = [row for _, row in inner]
         seqs = plan.decode
         decode = ([s.slot for s in seqs], [s.last_token for s in seqs], [s.num_tokens - 1 for s in seqs])
         if chunks and seqs and self.fused_decode:
-            prefill_logits, decode_logits = self.prefill_and_decode(chunks, *decode)
+            prefill_logits, decode_logits = self.prefill_and_decode(chunks, *decode, inner_rows=inner_rows)
         else:
-            prefill_logits = self.prefill_many(chunks) if chunks else []
+            prefill_logits = self.prefill_many(chunks, inner_rows) if chunks else []
             decode_logits = self.decode(*decode) if seqs else None
-        for (seq, _, _), logits in zip(plan.prefills, prefill_logits):
+        for (seq, _), logits in zip(inner, prefill_logits[len(chunks):]):
+            result.probes.append((seq, probability_of(logits, seq.probe_ids)))
+        for (seq, _, _), logits in zip(plan.prefills, prefill_logits[:len(chunks)]):
             if logits is None:
                 continue
-            if seq.probe_ids is not None:
+            if seq.probe_ids is not None and seq.probe_at is None:
                 result.probes.append((seq, probability_of(logits, seq.probe_ids)))
             else:
                 self._sample(logits[None], [seq], result)
@@ -108,16 +123,18 @@ class ModelRunner:
         return self.prefill_many([(slot, token_ids, start, want_logits)])[0]
 
     @torch.inference_mode()
-    def prefill_many(self, chunks: list[tuple[int, list[int], int, bool]]) -> list[Tensor | None]:
+    def prefill_many(self, chunks: list[tuple[int, list[int], int, bool]],
+                     inner_rows: list[int] | None = None) -> list[Tensor | None]:
         """Several sequences' prompt chunks (slot, token ids, start, want_logits) in one forward ->
-        logits [V] of each chunk's last token (None where not wanted).
+        logits [V] of each chunk's last token (None where not wanted), then those of ``inner_rows``
+        (indices on the packed token axis: a probe inside a prompt).
 
         Why one forward: prompts that arrive together were prefilled one per step, each forward
         reading all the weights for a few rows. Packed along the token axis (``PackedBatch``), the
         linear layers read them once; attention still runs per chunk, over its own slot only.
         """
         if self.fused_decode:
-            return self.prefill_and_decode(chunks, [], [], [])[0]
+            return self.prefill_and_decode(chunks, [], [], [], inner_rows=inner_rows)[0]
         batches = [self._prefill_batch(slot, start, len(ids)) for slot, ids, start, _ in chunks]
         lengths = [len(ids) for _, ids, _, _ in chunks]
         batch = batches[0] if len(chunks) == 1 else PackedBatch(batches, lengths)
@@ -128,26 +145,30 @@ class ModelRunner:
             self.kv_cache.note_written(slot, start + len(ids))
         ends = torch.tensor(lengths).cumsum(0) - 1  # each chunk's last token on the packed axis
         wanted = [i for i, chunk in enumerate(chunks) if chunk[3]]
-        logits = self.model.logits(hidden[0, ends[wanted]]) if wanted else None  # [n, V]
+        rows = torch.cat([ends[wanted], torch.tensor(inner_rows or [], dtype=torch.long)])
+        logits = self.model.logits(hidden[0, rows]) if len(rows) else None  # [n, V]
         out: list[Tensor | None] = [None] * len(chunks)
         for row, i in enumerate(wanted):
             out[i] = logits[row]
-        return out
+        return out + [logits[len(wanted) + k] for k in range(len(inner_rows or []))]
 
     @torch.inference_mode()
     def prefill_and_decode(self, chunks: list[tuple[int, list[int], int, bool]], slots: list[int],
-                           token_ids: list[int], positions: list[int]) -> tuple[list[Tensor | None], Tensor]:
+                           token_ids: list[int], positions: list[int],
+                           inner_rows: list[int] | None = None) -> tuple[list[Tensor | None], Tensor]:
         """Prompt chunks (as ``prefill_many``) and a decode batch (as ``decode``) in ONE native call,
         so a prompt arriving while others decode costs no extra pass over the weights: every token is
         a row with its own slot and position (a chunk's rows attend each other causally through the
-        cache). -> (each chunk's last-token logits or None, the decode rows' logits [B, V])."""
+        cache). -> (each chunk's last-token logits or None, then ``inner_rows``' logits (as
+        ``prefill_many``), the decode rows' logits [B, V])."""
         tokens = [t for _, ids, _, _ in chunks for t in ids] + list(token_ids)
         rows_positions = [start + i for _, ids, start, _ in chunks for i in range(len(ids))] + list(positions)
         rows_slots = [slot for slot, ids, _, _ in chunks for _ in ids] + list(slots)
         ends = torch.tensor([len(ids) for _, ids, _, _ in chunks], dtype=torch.long).cumsum(0) - 1
         wanted = [i for i, chunk in enumerate(chunks) if chunk[3]]
         prompt_rows = sum(len(ids) for _, ids, _, _ in chunks)
-        logit_rows = torch.cat([ends[wanted], torch.arange(prompt_rows, prompt_rows + len(slots))])
+        inner = torch.tensor(inner_rows or [], dtype=torch.long)
+        logit_rows = torch.cat([ends[wanted], inner, torch.arange(prompt_rows, prompt_rows + len(slots))])
         logits = self.decoder.step(torch.tensor(tokens), torch.tensor(rows_positions), torch.tensor(rows_slots),
                                    logit_rows)
         for slot, ids, start, _ in chunks:
@@ -157,7 +178,8 @@ class ModelRunner:
         out: list[Tensor | None] = [None] * len(chunks)
         for row, i in enumerate(wanted):
             out[i] = logits[row]
-        return out, logits[len(wanted):]
+        num_inner = len(inner)
+        return out + [logits[len(wanted) + k] for k in range(num_inner)], logits[len(wanted) + num_inner:]
 
     @torch.inference_mode()
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> Tensor:

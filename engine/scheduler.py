@@ -103,7 +103,9 @@ class Scheduler:
         for seq in list(self.waiting):
             if len(self.running) >= self.max_batch_size:
                 break
-            claim = self.kv_cache.acquire(seq.session, seq.prompt_ids)
+            # A probe inside the prompt needs the logits of the token before probe_at: it is recomputed.
+            limit = None if seq.probe_at is None else seq.probe_at - 1
+            claim = self.kv_cache.acquire(seq.session, seq.prompt_ids, limit)
             if claim is None:
                 continue
             seq.slot, seq.num_cached = claim

@@ -26,6 +26,9 @@ class Sequence:
     session: str | None = None
     # A probe: prefill only, then P(next token in probe_ids) instead of sampling (see LLMEngine.submit).
     probe_ids: frozenset[int] | None = None
+    # With probe_ids, a request that generates: P(prompt token probe_at in probe_ids) is read from the
+    # logits of the token before it in the same prefill (LLMEngine.submit), then sampling goes on.
+    probe_at: int | None = None
     output_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     slot: int = -1

@@ -29,6 +29,7 @@ class TokenStream:
         self.finished_at: float | None = None
         self.error: BaseException | None = None
         self.probe: float | None = None  # a probe request's P(next token in probe_ids), set before the end
+        self.on_probe: Callable[[float], None] | None = None  # called with it (engine thread), see LLMEngine.submit
 
     # -- engine side --
     def put(self, delta: str) -> None:

@@ -136,6 +136,7 @@ class Transcript(Frame):
     text: str = ""
     is_final: bool = False
     avg_logprob: float | None = None  # Whisper's confidence in its least sure segment (ASR finals)
+    is_at_silence: bool = False  # a partial read at the first silent frame: the pause's final follows with these words
 
 
 @dataclass

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from engine.backends.base import Message
 from engine.config import EngineConfig
@@ -48,6 +49,20 @@ class EngineBackend:
         """P(the next token ends a sentence or the turn) right after the last user message's text:
         the end-of-turn text signal (pipeline/endpointing/). A ``prefill`` with the sentence-end ids."""
         return self.prefill(messages, session, self.engine.sentence_end_ids())
+
+    def generate_probing(self, messages: list[Message], sampling: SamplingParams, session: str | None,
+                         words: list[Message], on_probe: Callable[[float | None], None]) -> TokenStream | None:
+        """``generate``, whose prefill also reads ``probe_sentence_end(words)``: ``words`` (the same
+        conversation, the last user text without its final punctuation) must be read as an open user
+        turn at the head of ``messages``' prompt. One request instead of a probe and then the answer
+        (each pays the engine's admission window and a step). ``on_probe(p)`` is called on the
+        engine thread before the first token. None (nothing submitted) when the words' tokens are
+        not the head of the prompt's (the caller probes and answers in two requests)."""
+        ids, head = self.engine.encode(messages), self.engine.encode_open_user_turn(words)
+        if head is None or not 0 < len(head) < len(ids) or ids[:len(head)] != head:
+            return None
+        return self.engine.submit(ids, sampling, session, probe_ids=self.engine.sentence_end_ids(),
+                                  probe_at=len(head), on_probe=on_probe)
 
     def share_system_prompt(self, system_prompt: str, timeout_s: float = 30.0) -> None:
         """Prefill the chat template's start with this system prompt once, for every session that

@@ -151,7 +151,8 @@ class ASRStage(Stage):
         confidence = min((seg.avg_logprob for seg in result.segments), default=None)
         self._partial = (self._num_samples, result.text, confidence) if result.text else None
         if result.text and not self.is_stale(gen):
-            yield Transcript(gen=gen, text=join_words(self._head_text, result.text), is_final=False)
+            yield Transcript(gen=gen, text=join_words(self._head_text, result.text), is_final=False,
+                             is_at_silence=is_final_read)
 
     def _final(self, gen: int, is_end: bool) -> Iterable[Frame]:
         if self._is_read_to_the_end():

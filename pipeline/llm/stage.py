@@ -5,8 +5,12 @@ In "semantic" endpointing the end-of-turn text signal is the engine's probabilit
 end a sentence (``probe_sentence_end``: one prefill into the session's slot, no sampling). Each
 partial transcript's speculative prefill is that probe, so when the final transcript has the last
 partial's words (ASR reads them at the first silent frame, before the pause) the signal is already
-known and the answer is submitted at once; otherwise the final is probed first, in series. Either
-way the answer reuses the prefill."""
+known and the answer is submitted at once. Otherwise, with a backend that can
+(``generate_probing``: our engine), the answer's own prefill reads the probe at the words' end:
+one engine request, not a probe and then the answer in series (each paid the engine's admission
+window and a step). Since ASR's final at the pause reuses the read taken at the first silent frame,
+that read's partial is not probed on its own: the answer that follows at once probes its words.
+Other backends probe the final first, in series. Either way the answer reuses the prefill."""
 from __future__ import annotations
 
 import logging
@@ -94,11 +98,12 @@ class LLMStage(Stage):
     def process(self, frame: Frame) -> Iterable[Frame]:
         if isinstance(frame, Transcript) and not frame.is_final:
             yield frame  # shown at once; then its words go into the KV cache while the user speaks on
-            self._prefill_partial(frame.gen, frame.text)
+            if not (frame.is_at_silence and self._answer_probes(self.persona())):
+                self._prefill_partial(frame.gen, frame.text)  # (the final's answer comes next and probes)
         elif isinstance(frame, Transcript) and frame.is_final:
             yield frame
-            self._probe_end_of_turn(frame.gen, frame.text, frame.avg_logprob)
-            yield from self._answer(frame.gen, frame.text)
+            words = self._probe_end_of_turn(frame.gen, frame.text, frame.avg_logprob)
+            yield from self._answer(frame.gen, frame.text, words, frame.avg_logprob)
         elif isinstance(frame, TextIn):
             self.book.mark(frame.gen, "text_in")
             yield Transcript(gen=frame.gen, text=frame.text, is_final=True)
@@ -136,21 +141,60 @@ class LLMStage(Stage):
         return self.endpointer is not None and self.endpointer.can_probe_text and \
             persona.endpointing.mode == "semantic"
 
-    def _probe_end_of_turn(self, gen: int, text: str, words_logprob: float | None) -> None:
-        """The text signal for the endpointer, if it waits for one on this turn."""
+    def _answer_probes(self, persona: Persona) -> bool:
+        """Whether the answer's own prefill can give the words' probe (see module docstring)."""
+        return self._probes_words(persona) and bool(self.session) and \
+            callable(getattr(self.backend, "generate_probing", None))
+
+    def _probe_end_of_turn(self, gen: int, text: str, words_logprob: float | None) -> str | None:
+        """The text signal for the endpointer, if it waits for one on this turn. Returns the words
+        the answer's prefill is to probe instead (None: nothing left to probe)."""
         if self.endpointer is None or not self.endpointer.wants_text(gen):
-            return
+            return None
         p_text = None
         try:
             words = strip_trailing_punctuation(text)
             if self._probed is not None and self._probed[:2] == (gen, words):
                 p_text = self._probed[2]  # the last partial said these words: already probed
                 self.book.set(gen, "text_probe_reused", 1)
+            elif words and self._answer_probes(self.persona()):
+                return words
             elif words:
                 p_text = self.backend.probe_sentence_end(self._prompt(gen, self.persona(), words)[0], self.session)
         except Exception:  # refused or failed: the audio signal (or the long silence) still ends the turn
             log.warning("end-of-turn text probe failed", exc_info=True)
         self.endpointer.add_text(gen, p_text, words_logprob)
+        return None
+
+    def _submit(self, gen: int, messages: list[dict], persona: Persona, words: str | None,
+                words_logprob: float | None) -> tuple[Completion, Callable[[], None]]:
+        """The answer's request, probing ``words`` in its prefill when given. Returns it and what to
+        call once it is over: the endpointer must hear about the words even if no probe came (the
+        request was cancelled or failed before its prefill)."""
+        if words is None:
+            return self.backend.generate(messages, persona.sampling, self.session), lambda: None
+        told = threading.Event()
+
+        def tell(p_text: float | None) -> None:
+            if not told.is_set():
+                told.set()
+                self.endpointer.add_text(gen, p_text, words_logprob)
+
+        completion = None
+        try:
+            completion = self.backend.generate_probing(messages, persona.sampling, self.session,
+                                                       self._prompt(gen, persona, words)[0], tell)
+        except Exception:
+            log.warning("the answer's end-of-turn probe failed", exc_info=True)
+        if completion is not None:
+            self.book.set(gen, "text_probe_in_answer", 1)
+            return completion, lambda: tell(None)
+        try:  # the words' tokens are not the prompt's head: probe them first, as other backends do
+            tell(self.backend.probe_sentence_end(self._prompt(gen, persona, words)[0], self.session))
+        except Exception:
+            log.warning("end-of-turn text probe failed", exc_info=True)
+            tell(None)
+        return self.backend.generate(messages, persona.sampling, self.session), lambda: None
 
     def _prompt(self, gen: int, persona: Persona, user: str) -> tuple[list[dict], int]:
         """The turn's prompt and its length in tokens. The history is trimmed (oldest exchanges
@@ -166,7 +210,7 @@ class LLMStage(Stage):
             raise TurnRefused("That message is too long for me to read. Please say it in fewer words.")
         return messages, num_tokens
 
-    def _answer(self, gen: int, user: str) -> Iterable[Frame]:
+    def _answer(self, gen: int, user: str, words: str | None = None, words_logprob: float | None = None) -> Iterable[Frame]:
         persona = self.persona()
         if self.config.is_prewarm_enabled and self._shared_prompt is not None:
             self._share_system_prompt(persona)
@@ -174,7 +218,7 @@ class LLMStage(Stage):
         self.history.begin(gen, user)
         chunker = SpeakableChunker(self.chunker_config, persona.speech)
         self.book.mark(gen, "llm_request")
-        completion = self.backend.generate(messages, persona.sampling, self.session)
+        completion, on_end = self._submit(gen, messages, persona, words, words_logprob)
         self.book.set(gen, "prompt_tokens", num_prompt_tokens)
         with self._lock:
             self._active = (gen, completion)
@@ -201,6 +245,7 @@ class LLMStage(Stage):
             self.history.drop(gen)  # a failed turn leaves no half exchange behind
             raise
         finally:
+            on_end()
             with self._lock:
                 self._active = None
         answer = "".join(text).strip()

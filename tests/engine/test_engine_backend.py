@@ -77,6 +77,39 @@ def test_sentence_end_probe_reads_unfinished_words_and_leaves_the_prefill_for_th
     assert backend.probe_sentence_end([system, {"role": "user", "content": "  "}]) is None
 
 
+def test_an_answer_whose_prefill_probes_its_words_is_one_request_with_the_probes_value(backend):
+    """``generate_probing``: the answer and the words' end-of-turn probe in one request. The probe is
+    the one ``probe_sentence_end`` gives (also when the slot already holds the words: that row is
+    recomputed), it comes before the first token, and the answer is the plain greedy one."""
+    system = {"role": "system", "content": "You are a helpful voice assistant."}
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    for text in ("What is the capital of Spain?", "What is the capital of"):
+        words = [system, {"role": "user", "content": text.rstrip("?")}]
+        asked = [system, {"role": "user", "content": text}]
+        expected = backend.probe_sentence_end(words, "probe-2")  # leaves the words in the slot
+        answer = "".join(backend.generate(asked, greedy, "probe-2"))
+        backend.end_session("probe-2")
+        for cached_words in (False, True):
+            if cached_words:
+                backend.probe_sentence_end(words, "probe-3")
+            submitted, events = [], []
+            submit = backend.engine.submit
+            backend.engine.submit = lambda *a, **k: submitted.append(a) or submit(*a, **k)
+            try:
+                stream = backend.generate_probing(asked, greedy, "probe-3", words, lambda p: events.append(p))
+                events += list(stream)
+            finally:
+                backend.engine.submit = submit
+            backend.end_session("probe-3")
+            assert len(submitted) == 1 and stream.finish_reason in ("stop", "length")
+            assert events[0] == pytest.approx(expected, rel=1e-4, abs=1e-7) and stream.probe == events[0], text
+            assert "".join(events[1:]) == answer
+    # words that are not the head of the prompt: nothing submitted, the caller probes separately
+    assert backend.generate_probing([system, {"role": "user", "content": "Hello."}], greedy, "probe-3",
+                                    [system, {"role": "user", "content": "Goodbye"}], lambda p: None) is None
+    assert backend.stats().slots_busy == 0 and backend.engine.num_open_requests == 0
+
+
 def test_voice_sessions_of_one_persona_share_its_system_prompt_computed_once(backend):
     """Two pipelines (voice sessions) with the same persona: the engine prefills its system prompt
     once, and each session's first turn starts from a copy of it."""

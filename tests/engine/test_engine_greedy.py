@@ -141,10 +141,10 @@ def test_a_prompt_arriving_mid_decode_shares_the_step_and_changes_nothing(fp32_e
     mixed_calls = []
     original = fp32_engine.runner.prefill_and_decode
 
-    def counting(chunks, slots, *rest):
+    def counting(chunks, slots, *rest, **kwargs):
         if chunks and slots:
             mixed_calls.append((len(chunks), len(slots)))
-        return original(chunks, slots, *rest)
+        return original(chunks, slots, *rest, **kwargs)
 
     monkeypatch.setattr(fp32_engine.runner, "prefill_and_decode", counting)
     first = [fp32_engine.submit(p, GREEDY) for p in GREEDY_PROMPTS[:2]]
