@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from pipeline.config import ChunkerConfig
-from pipeline.llm.speakable import FenceFilter, clean
+from pipeline.llm.speakable import FenceFilter, clean, numbers_an_item
 from pipeline.persona.persona import SpeechRules
 
 ABBREVIATIONS = frozenset({
@@ -22,7 +22,8 @@ ABBREVIATIONS = frozenset({
     "fig", "inc", "ltd", "co", "a.m", "p.m", "u.s", "u.k", "cf", "al", "dept", "est", "min", "max",
 })
 ENDS_SENTENCE_IF_CAPITAL = frozenset({"etc", "a.m", "p.m", "inc", "ltd", "co"})
-_BOUNDARY = re.compile(r"([.!?…]+|[,;:]|\s[-–—]|—)[\"')\]]*(?=\s)|\n")
+# A dash is a clause boundary inside a line; after a newline it is a list bullet (the newline cuts).
+_BOUNDARY = re.compile(r"([.!?…]+|[,;:]|[ \t][-–—]|—)[\"')\]]*(?=\s)|\n")
 _WORD = re.compile(r"\S+")
 
 
@@ -34,6 +35,7 @@ class SpeakableChunker:
         self.rules = rules or SpeechRules()
         self._fences = FenceFilter() if self.rules.strip_markdown else None
         self._pending = ""
+        self._before = ""  # the end of the raw text already cut off: does _pending start a line, a sentence?
         self.num_chunks = 0
 
     def feed(self, delta: str) -> list[str]:
@@ -49,15 +51,17 @@ class SpeakableChunker:
         return self._take(len(self._pending))
 
     def _take(self, cut: int) -> list[str]:
-        piece, self._pending = self._pending[:cut], self._pending[cut:].lstrip()
-        text = clean(piece, self.rules)
+        piece, rest = self._pending[:cut], self._pending[cut:]
+        self._pending = rest.lstrip()
+        text = clean(piece, self.rules, self._before)
+        self._before = (self._before + piece + rest[:len(rest) - len(self._pending)])[-16:]
         if not re.search(r"\w", text):  # only emoji, markup or punctuation: nothing to say
             return []
         self.num_chunks += 1
         return [text]
 
     def _words(self, end: int) -> int:
-        return len(_WORD.findall(clean(self._pending[:end], self.rules)))
+        return len(_WORD.findall(clean(self._pending[:end], self.rules, self._before)))
 
     def _find_cut(self) -> int | None:
         is_first = self.num_chunks == 0
@@ -95,6 +99,9 @@ class SpeakableChunker:
         token = self._pending[start:dot].lstrip("(\"'").lower()
         if len(token) == 1 and token.isalpha():
             return False  # an initial, as in "J. R. R. Tolkien"
+        if token.isdigit() and len(token) <= 2 and self.rules.strip_markdown and \
+                numbers_an_item(self._before + self._pending[:start], token):
+            return False  # "Brew tea. 2. Pour it": the 2 numbers the next item, it is not a sentence
         if token in ABBREVIATIONS:
             following = self._pending[dot + 1:].lstrip()
             return token in ENDS_SENTENCE_IF_CAPITAL and following[:1].isupper()

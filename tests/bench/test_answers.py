@@ -49,6 +49,38 @@ def test_rules_pass_right_answers_and_fail_the_wrong_ones_small_models_gave():
     assert re.search(MARKDOWN, "- one\n- two") and not re.search(MARKDOWN, "It is 10 p.m. - late.")
 
 
+def test_rules_are_fair_to_answers_the_full_runs_gave():
+    """Verdicts the rules got wrong on the first full runs (SmolLM2-135M, Qwen2.5-0.5B), now right."""
+    right = [  # right answers the first rules failed
+        ("Is Tokyo the capital of Japan?", "The capital of Japan is Tokyo."),
+        ("Does the Earth go around the Sun?", "The Earth goes around the Sun!"),
+        ("Is Paris in Italy?", "Paris is indeed located in France."),
+        ("Is a whale a fish?", "A whale is indeed a mammal that belongs to the order Cetacea."),
+        ("Do spiders have six legs?", "No, spiders don't have six legs. They're actually arachnids."),
+        ("Can penguins fly?", "Penguins cannot fly."),
+        ("Count from one to five.", "1. One\n2. Two\n3. Three\n4. Four\n5. Five"),
+        ("Count from one to five.", "One to five is 1, 2, 3, 4, and 5."),
+        ("Name four animals that live on a farm.", "A cow, a dog, a cat, and a bird."),
+        ("Say good night.", "Good-night!"),
+    ]
+    wrong = [  # wrong answers the first rules accepted
+        ("What is twenty percent of fifty?", "Twenty percent of fifty is 10% of 50."),
+        ("Give me a word that rhymes with cat.", 'The word that rhymes with cat is "cat."'),
+        ("What should I pack for a day at the beach?", "A swimsuit, sunscreen, " + "sunscreen, " * 6),
+        ("Is the moon bigger than the Earth?", "The answer is no, the moon is actually much larger than the Earth."),
+        ("Who painted the Mona Lisa?", "The Mona Lisa by Leonardo da Vinci is attributed to Botticelli."),
+        ("How many hours are there in a day?", "There is no set answer for that question. Days are divided into 24 hours."),
+        ("Is the sun a star?", "The sun is not a star."),
+    ]
+    for text, answer in right:
+        assert not question(text).failures(answer), (text, answer)
+    for text, answer in wrong:
+        assert question(text).failures(answer), (text, answer)
+    assert not question("What is twenty percent of fifty?").failures("Twenty percent of fifty is 10.")
+    assert not question("Is the sun a star?").failures("Yes, the sun is a medium-sized star.")
+    assert not question("What should I pack for a day at the beach?").failures("A hat, a towel and water.")
+
+
 def test_quick_run_through_the_pipeline_reports_scores_and_answers(capsys):
     assert main(["--quick", "--spoken", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

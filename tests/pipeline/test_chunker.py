@@ -81,7 +81,7 @@ def test_markdown_code_emoji_and_urls_are_not_spoken():
     for bad in ("#", "*", "`", "print", "http", "example.com", "😀", "🚀", "[", "]("):
         assert bad not in spoken, bad
     assert "Here is bold and italic text with a link." in spoken
-    assert "first item" in out and "second item" in out
+    assert "first item," in out and "second item," in out  # spoken as a list
 
 
 def test_rules_can_keep_markup():
@@ -103,3 +103,28 @@ def test_flush_emits_the_unfinished_tail():
     chunker = SpeakableChunker()
     assert chunker.feed("No final punctuation") == []
     assert chunker.flush() == ["No final punctuation"]
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_a_number_the_answer_ends_on_is_spoken_after_a_cut(step):
+    """A chunk that starts with "3. " is a list marker only where a line or a sentence starts: here the
+    first chunk ends after three words and the next one starts with the answer itself."""
+    assert " ".join(chunks("The answer is 3. You can count them.", step)) == "The answer is 3. You can count them."
+    assert " ".join(chunks("Half of fifty: 25. Easy.", step)) == "Half of fifty: 25. Easy."
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_markdown_lists_models_wrote_are_spoken_as_plain_sentences(step):
+    """Answers Qwen2.5-0.5B and SmolLM2-135M gave to `bench answers`: no asterisk (split bold), no list
+    number read aloud, items without punctuation spoken as a list, not run together."""
+    qwen = ("1. **Create a relaxing routine**: Start with a simple daily routine.\n"
+            "2. **Limit screen time**: Put your phone away an hour before bed.\n3. **Exercise regularly**")
+    spoken = " ".join(chunks(qwen, step))
+    assert spoken == ("Create a relaxing routine: Start with a simple daily routine. Limit screen time: Put your "
+                      "phone away an hour before bed. Exercise regularly")
+    smollm = "1. Brew your own tea with hot water from the kettle and wait. 2. Pour it into a cup. 3. Enjoy!"
+    assert " ".join(chunks(smollm, step)) == \
+        "Brew your own tea with hot water from the kettle and wait. Pour it into a cup. Enjoy!"
+    assert " ".join(chunks("Three colours:\n1. Red\n2. Orange\n3. Yellow", step)) == "Three colours: Red, Orange, Yellow"
+    assert " ".join(chunks("## Tips\n- sleep\n- eat", step)) == "Tips. sleep, eat"
+    assert " ".join(chunks("Nine squared is 9 * 9 = 81.", step)) == "Nine squared is 9 times 9 = 81."
