@@ -44,6 +44,15 @@ def inner_probes(prefills: list[tuple[Sequence, int, int]]) -> list[tuple[Sequen
     return found
 
 
+def per_chunk(logits: Tensor | None, num_chunks: int, wanted: list[int], num_inner: int) -> list[Tensor | None]:
+    """Logits rows [wanted chunks' last tokens, inner probe rows, ...] -> one entry per chunk (None
+    where its logits were not wanted), then one per inner probe row."""
+    out: list[Tensor | None] = [None] * num_chunks
+    for row, i in enumerate(wanted):
+        out[i] = logits[row]
+    return out + [logits[len(wanted) + k] for k in range(num_inner)]
+
+
 class ModelRunner:
     """Runs prefill chunks and decode batches of our ``Transformer`` against a ``KVCache``, and
     samples each sequence's next token from the logits."""
@@ -147,10 +156,7 @@ class ModelRunner:
         wanted = [i for i, chunk in enumerate(chunks) if chunk[3]]
         rows = torch.cat([ends[wanted], torch.tensor(inner_rows or [], dtype=torch.long)])
         logits = self.model.logits(hidden[0, rows]) if len(rows) else None  # [n, V]
-        out: list[Tensor | None] = [None] * len(chunks)
-        for row, i in enumerate(wanted):
-            out[i] = logits[row]
-        return out + [logits[len(wanted) + k] for k in range(len(inner_rows or []))]
+        return per_chunk(logits, len(chunks), wanted, len(inner_rows or []))
 
     @torch.inference_mode()
     def prefill_and_decode(self, chunks: list[tuple[int, list[int], int, bool]], slots: list[int],
@@ -175,11 +181,7 @@ class ModelRunner:
             self.kv_cache.note_written(slot, start + len(ids))
         for slot, position in zip(slots, positions):
             self.kv_cache.note_written(slot, position + 1)
-        out: list[Tensor | None] = [None] * len(chunks)
-        for row, i in enumerate(wanted):
-            out[i] = logits[row]
-        num_inner = len(inner)
-        return out + [logits[len(wanted) + k] for k in range(num_inner)], logits[len(wanted) + num_inner:]
+        return per_chunk(logits, len(chunks), wanted, len(inner)), logits[len(wanted) + len(inner):]
 
     @torch.inference_mode()
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> Tensor:
