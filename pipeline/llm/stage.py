@@ -180,17 +180,18 @@ class LLMStage(Stage):
                 told.set()
                 self.endpointer.add_text(gen, p_text, words_logprob)
 
-        completion = None
+        completion, probe_messages = None, None
         try:
+            probe_messages = self._prompt(gen, persona, words)[0]
             completion = self.backend.generate_probing(messages, persona.sampling, self.session,
-                                                       self._prompt(gen, persona, words)[0], tell)
+                                                       probe_messages, tell)
         except Exception:
             log.warning("the answer's end-of-turn probe failed", exc_info=True)
         if completion is not None:
             self.book.set(gen, "text_probe_in_answer", 1)
             return completion, lambda: tell(None)
         try:  # the words' tokens are not the prompt's head: probe them first, as other backends do
-            tell(self.backend.probe_sentence_end(self._prompt(gen, persona, words)[0], self.session))
+            tell(self.backend.probe_sentence_end(probe_messages or self._prompt(gen, persona, words)[0], self.session))
         except Exception:
             log.warning("end-of-turn text probe failed", exc_info=True)
             tell(None)
