@@ -108,11 +108,15 @@ class LLMStageConfig:
     max_history_turns: int = 20
     is_prewarm_enabled: bool = True  # prefill the system prompt when the session starts (see LLMStage.setup)
     is_partial_prefill_enabled: bool = True  # prefill the user's words so far at each partial transcript
+    is_early_answer_enabled: bool = True  # answer a partial whose words read as finished (semantic endpointing)
+    early_answer_min_p: float = 0.2  # ... when the engine's P(sentence ends after them) is at least this
 
     def __post_init__(self) -> None:
         check(128 <= self.history_token_budget <= 1_000_000, "history_token_budget",
               f"must be in [128, 1000000], got {self.history_token_budget}")
         check(0 <= self.max_history_turns <= 1000, "max_history_turns", "must be in [0, 1000]")
+        check(0.0 <= self.early_answer_min_p <= 1.0, "early_answer_min_p",
+              f"must be in [0, 1], got {self.early_answer_min_p}")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,12 @@ known and the answer is submitted at once. Otherwise, with a backend that can
 one engine request, not a probe and then the answer in series (each paid the engine's admission
 window and a step). Since ASR's final at the pause reuses the read taken at the first silent frame,
 that read's partial is not probed on its own: the answer that follows at once probes its words.
-Other backends probe the final first, in series. Either way the answer reuses the prefill."""
+Other backends probe the final first, in series. Either way the answer reuses the prefill.
+
+When a partial's words already read as a finished sentence (their probe at least
+``early_answer_min_p``), the answer is submitted then, while the user may still be speaking
+(``EarlyAnswer``); the final adopts it when it says exactly those words, so the model's first
+words are ready when the user stops. A partial with other words cancels it."""
 from __future__ import annotations
 
 import logging
@@ -26,6 +31,7 @@ from pipeline.endpointing.endpointer import Endpointer
 from pipeline.frames import (AssistantDone, ErrorFrame, Frame, Interrupt, SpeakChunk, SystemFrame,
                              TextDelta, TextIn, Transcript)
 from pipeline.llm.chunker import SpeakableChunker
+from pipeline.llm.early_answer import EarlyAnswer
 from pipeline.llm.history import History
 from pipeline.persona.persona import Persona
 from pipeline.stage import Stage, TurnRefused
@@ -54,6 +60,7 @@ class LLMStage(Stage):
         self._active: tuple[int, Completion] | None = None
         self._shared_prompt: str | None = None  # the system prompt last given to the backend to share
         self._probed: tuple[int, str, float | None] | None = None  # (gen, words, P(sentence end)) of the last partial
+        self._early: EarlyAnswer | None = None  # an answer started at a partial (under _lock)
         self._lock = threading.Lock()
 
     def setup(self) -> None:
@@ -94,17 +101,26 @@ class LLMStage(Stage):
             with self._lock:
                 if self._active is not None and self._active[0] < frame.gen:
                     self._active[1].cancel()
+                if self._early is not None and self._early.gen < frame.gen:
+                    self._early.completion.cancel()
+                    self._early = None
 
     def process(self, frame: Frame) -> Iterable[Frame]:
         if isinstance(frame, Transcript) and not frame.is_final:
             yield frame  # shown at once; then its words go into the KV cache while the user speaks on
+            if self._keeps_early_answer(frame.gen, frame.text):
+                return  # the same words again: their answer is already being written
             if not (frame.is_at_silence and self._answer_probes(self.persona())):
                 self._prefill_partial(frame.gen, frame.text)  # (the final's answer comes next and probes)
+                if not frame.is_at_silence:
+                    self._start_early_answer(frame.gen, frame.text)
         elif isinstance(frame, Transcript) and frame.is_final:
             yield frame
+            self._keeps_early_answer(frame.gen, frame.text)  # other words: cancelled before any probe
             words = self._probe_end_of_turn(frame.gen, frame.text, frame.avg_logprob)
             yield from self._answer(frame.gen, frame.text, words, frame.avg_logprob)
         elif isinstance(frame, TextIn):
+            self._take_early_answer(frame.gen, "", [], None)  # (cancels one, if any)
             self.book.mark(frame.gen, "text_in")
             yield Transcript(gen=frame.gen, text=frame.text, is_final=True)
             yield from self._answer(frame.gen, frame.text)
@@ -136,6 +152,53 @@ class LLMStage(Stage):
             prefill(self._prompt(gen, persona, text)[0], self.session)
         except Exception:
             log.warning("prefilling a partial transcript failed", exc_info=True)
+
+    def _keeps_early_answer(self, gen: int, text: str) -> bool:
+        """Whether the early answer already answers this partial; if it answers other words, it is
+        cancelled (before this partial's probe: the session's slot is free for it)."""
+        with self._lock:
+            early = self._early
+            if early is None:
+                return False
+            if (early.gen, early.text) == (gen, text):
+                return True
+            early.completion.cancel()
+            self._early = None
+            return False
+
+    def _start_early_answer(self, gen: int, text: str) -> None:
+        """Submit the answer to this partial now when its words, just probed, read as a finished
+        sentence (see ``EarlyAnswer``). Only an optimization: a failure is logged, not raised."""
+        probed, persona = self._probed, self.persona()
+        if not self.config.is_early_answer_enabled or not self.session or self.is_stale(gen) or probed is None \
+                or probed[:2] != (gen, strip_trailing_punctuation(text)) or probed[2] is None \
+                or probed[2] < self.config.early_answer_min_p:
+            return
+        try:
+            messages = self._prompt(gen, persona, text)[0]
+            completion = self.backend.generate(messages, persona.sampling, self.session)
+        except Exception:
+            log.warning("starting an early answer failed", exc_info=True)
+            return
+        with self._lock:
+            if self.is_stale(gen):  # interrupted meanwhile: on_system did not see this request
+                completion.cancel()
+                return
+            self._early = EarlyAnswer(gen, text, messages, persona.sampling, completion)
+        self.book.add(gen, "early_answers", 1)
+
+    def _take_early_answer(self, gen: int, text: str, messages: list[dict],
+                           sampling: SamplingParams | None) -> Completion | None:
+        """The early answer if it is exactly this turn's answer (it is then the turn's request);
+        any other is cancelled."""
+        with self._lock:
+            early, self._early = self._early, None
+        if early is None:
+            return None
+        if early.answers(gen, text, messages, sampling):
+            return early.completion
+        early.completion.cancel()
+        return None
 
     def _probes_words(self, persona: Persona) -> bool:
         return self.endpointer is not None and self.endpointer.can_probe_text and \
@@ -219,7 +282,11 @@ class LLMStage(Stage):
         self.history.begin(gen, user)
         chunker = SpeakableChunker(self.chunker_config, persona.speech)
         self.book.mark(gen, "llm_request")
-        completion, on_end = self._submit(gen, messages, persona, words, words_logprob)
+        completion, on_end = self._take_early_answer(gen, user, messages, persona.sampling), lambda: None
+        if completion is not None:
+            self.book.set(gen, "early_answer_adopted", 1)
+        else:
+            completion, on_end = self._submit(gen, messages, persona, words, words_logprob)
         self.book.set(gen, "prompt_tokens", num_prompt_tokens)
         with self._lock:
             self._active = (gen, completion)

@@ -63,6 +63,7 @@ def test_environment_overrides_the_file(tmp_path):
     ("[engine]\nmax_batch_size = 16\nnum_slots = 8\n", "engine.num_slots", ">= max_batch_size"),
     ("[pipeline.vad]\nthreshold = 2.0\n", "pipeline.vad.threshold", "[0.05, 0.95]"),
     ("[pipeline.tts]\nfallback = [\"sam\"]\n", "pipeline.tts.fallback", "unknown backend"),
+    ("[pipeline.llm]\nearly_answer_min_p = 1.5\n", "pipeline.llm.early_answer_min_p", "[0, 1]"),
     ("[server\n", "", "not valid TOML"),
 ])
 def test_invalid_settings_name_the_file_and_key(tmp_path, text, key, words):

@@ -240,7 +240,7 @@ class ProbingBackend:
 
     def probe_sentence_end(self, messages, session=None):
         self.log.append(("probe", messages[-1]["content"]))
-        return 0.6
+        return 0.6 if messages[-1]["content"].endswith("Spain") else 0.001  # a fragment's words end no sentence
 
     def generate(self, messages, sampling, session=None):
         self.log.append(("answer", messages[-1]["content"]))
