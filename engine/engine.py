@@ -108,7 +108,7 @@ class LLMEngine:
                                 self.config.num_shared_prefixes)
         self.runner = ModelRunner(self.model, self.kv_cache, self.sampler, compile=self.config.compile)
         self.scheduler = Scheduler(self.kv_cache, self.config.max_batch_size, self.config.prefill_chunk_tokens)
-        self.outputs = OutputProcessor(self.tokenizer, self.eos_ids, self.max_seq_len, self.cancel)
+        self.outputs = OutputProcessor(self.tokenizer, self.eos_ids, self.max_seq_len, self.cancel, self.release)
 
     def _load_weights(self, model_path: str | Path, kernels, dtype: torch.dtype, max_seq_len: int) -> None:
         """``self.model``: the GGUF's blocks as stored (quant native), the int8 checkpoint by memory
@@ -149,7 +149,7 @@ class LLMEngine:
 
     def submit(self, prompt: Prompt, sampling: SamplingParams | None = None, session: str | None = None, *,
                ignore_eos: bool = False, probe_ids: frozenset[int] | None = None, probe_at: int | None = None,
-               on_probe: Callable[[float], None] | None = None) -> TokenStream:
+               on_probe: Callable[[float], None] | None = None, hold_after: int | None = None) -> TokenStream:
         """Queue a request; returns its stream at once. ``session`` keeps the KV cache between turns;
         ``ignore_eos`` (benchmarks) generates ``max_tokens`` whatever the model says.
 
@@ -159,7 +159,10 @@ class LLMEngine:
         With ``probe_at`` as well the request generates as usual, and the same prefill gives
         P(prompt token ``probe_at`` in probe_ids) from the logits before it: ``stream.probe``, and
         ``on_probe(p)`` called on the engine thread before the first token goes out (one request
-        where a probe of the prompt's head and an answer were two)."""
+        where a probe of the prompt's head and an answer were two).
+
+        ``hold_after`` tokens written, the request waits (keeping its slot, costing no step) until
+        ``stream.release()``: an answer started before it is known to be wanted (an early answer)."""
         sampling = sampling or SamplingParams()
         ids = self.encode(prompt)
         if not ids:
@@ -168,7 +171,10 @@ class LLMEngine:
             raise ValueError(f"prompt: {len(ids)} tokens do not fit max_seq_len {self.max_seq_len}")
         if probe_at is not None and (probe_ids is None or not 0 < probe_at < len(ids)):
             raise ValueError(f"probe_at: must be inside the prompt (1..{len(ids) - 1}) with probe_ids, got {probe_at}")
-        seq = Sequence(self._ids.next(), ids, sampling, session, probe_ids=probe_ids, probe_at=probe_at)
+        if hold_after is not None and hold_after < 1:
+            raise ValueError(f"hold_after: must be at least 1, got {hold_after}")
+        seq = Sequence(self._ids.next(), ids, sampling, session, probe_ids=probe_ids, probe_at=probe_at,
+                       hold_after=hold_after)
         stream = self.outputs.open(seq, ignore_eos)
         stream.on_probe = on_probe
         self.inbox.put_sequence(seq)
@@ -177,6 +183,10 @@ class LLMEngine:
     def cancel(self, request_id: int) -> None:
         """End a request at the next step and free its slot (a finished request: no effect)."""
         self.inbox.put_cancel(request_id)
+
+    def release(self, request_id: int) -> None:
+        """A request submitted with ``hold_after`` is decoded on from the next step."""
+        self.inbox.put_release(request_id)
 
     def generate(self, prompt: Prompt, sampling: SamplingParams | None = None, session: str | None = None) -> str:
         """Blocking convenience: the whole answer (steps itself when there is no background thread)."""
@@ -212,18 +222,21 @@ class LLMEngine:
     def has_work(self) -> bool:
         return bool(self.inbox or self.scheduler.has_work)
 
-    def step(self) -> None:
-        """inbox -> schedule -> run -> outputs -> postprocess, once.
+    def step(self) -> bool:
+        """inbox -> schedule -> run -> outputs -> postprocess, once. Returns whether it did anything.
 
         A plan may hold prompt chunks and a decode batch; the runner runs both (one native call
         when it can) before any of their tokens go out."""
-        self._take_inbox()
+        did_work = self._take_inbox()
         plan = self.scheduler.schedule()
         for seq in plan.cancelled:
             self._close(seq)
+        if plan.is_empty:
+            return did_work or bool(plan.cancelled)
         num_tokens = self._postprocess(plan, self.runner.run(plan))
         self._steps += 1
         self._record(num_tokens)
+        return True
 
     def _postprocess(self, plan: StepPlan, ran: RunResult) -> int:
         """What the plan's forwards produced goes out: each sampled token as text on its stream (or the end
@@ -266,11 +279,13 @@ class LLMEngine:
         """Step until no request is left (for ``background=False`` use)."""
         steps = 0
         while self.has_work and (max_steps is None or steps < max_steps):
-            self.step()
+            if not self.step():
+                return  # only held requests, or waiting ones they block
             steps += 1
 
-    def _take_inbox(self) -> None:
-        arrived, cancels, drops, prefixes = self.inbox.take()
+    def _take_inbox(self) -> bool:
+        """Applies what other threads handed in; returns whether there was anything."""
+        arrived, cancels, releases, drops, prefixes = taken = self.inbox.take()
         for session, done in drops:
             self.kv_cache.drop_session(session)
             done.set()
@@ -284,6 +299,9 @@ class LLMEngine:
         for request_id in cancels:
             if self.outputs.is_open(request_id):
                 self.scheduler.cancel(request_id)
+        for request_id in releases:
+            self.scheduler.release(request_id)
+        return any(taken)
 
     def _prefill_shared_prefix(self, ids: list[int]) -> None:
         prefix = self.kv_cache.reserve_prefix(ids)
@@ -333,7 +351,7 @@ class LLMEngine:
         self.inbox.close()
         if self._step_thread is not None:
             self._step_thread.join(timeout_s=10)
-        arrived, _, drops, prefixes = self.inbox.take()
+        arrived, _, _, drops, prefixes = self.inbox.take()
         for session, done in drops:
             self.kv_cache.drop_session(session)
             done.set()

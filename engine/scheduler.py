@@ -50,9 +50,16 @@ class Scheduler:
         """Takes effect at the next ``schedule()``: the sequence ends and its slot is released."""
         self._cancel_requested.add(seq_id)
 
+    def release(self, seq_id: int) -> None:
+        """A held sequence (``Sequence.hold_after``) is decoded again from the next step."""
+        for seq in (*self.waiting, *self.running):
+            if seq.id == seq_id:
+                seq.hold_after = None
+
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self._cancel_requested)
+        """Whether a step could do anything (held sequences alone give it nothing to do)."""
+        return bool(self.waiting or self._cancel_requested or any(not s.is_held for s in self.running))
 
     def schedule(self) -> StepPlan:
         plan = StepPlan(cancelled=self._remove_cancelled())
@@ -63,7 +70,7 @@ class Scheduler:
                 end = min(len(seq.prompt_ids), seq.num_cached + budget)
                 plan.prefills.append((seq, seq.num_cached, end))
                 budget -= end - seq.num_cached
-        plan.decode = sorted((s for s in self.running if not s.is_prefilling), key=lambda s: s.slot)
+        plan.decode = sorted((s for s in self.running if not s.is_prefilling and not s.is_held), key=lambda s: s.slot)
         return plan
 
     def postprocess(self, plan: StepPlan, finished: list[tuple[Sequence, str]]) -> None:

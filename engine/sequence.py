@@ -29,6 +29,9 @@ class Sequence:
     # With probe_ids, a request that generates: P(prompt token probe_at in probe_ids) is read from the
     # logits of the token before it in the same prefill (LLMEngine.submit), then sampling goes on.
     probe_at: int | None = None
+    # An early answer (pipeline/llm/early_answer.py): after this many output tokens it is not decoded
+    # until released (LLMEngine.release), keeping its slot; None: never held.
+    hold_after: int | None = None
     output_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     slot: int = -1
@@ -56,6 +59,11 @@ class Sequence:
     def is_prefilling(self) -> bool:
         """True until every prompt token's k/v is cached (the first output token then follows)."""
         return self.num_cached < len(self.prompt_ids)
+
+    @property
+    def is_held(self) -> bool:
+        """True while it waits for a release, ``hold_after`` tokens written."""
+        return self.hold_after is not None and len(self.output_ids) >= self.hold_after
 
     @property
     def ttft_s(self) -> float | None:

@@ -22,6 +22,7 @@ class Inbox:
         self.closed = False
         self._sequences: deque[Sequence] = deque()
         self._cancels: list[int] = []
+        self._releases: list[int] = []
         self._session_drops: list[tuple[str, threading.Event]] = []
         self._shared_prefixes: list[tuple[list[int], threading.Event]] = []
 
@@ -35,6 +36,11 @@ class Inbox:
     def put_cancel(self, seq_id: int) -> None:
         with self.lock:
             self._cancels.append(seq_id)
+            self.lock.notify()
+
+    def put_release(self, seq_id: int) -> None:
+        with self.lock:
+            self._releases.append(seq_id)
             self.lock.notify()
 
     def put_session_drop(self, session: str) -> threading.Event:
@@ -53,12 +59,14 @@ class Inbox:
             self.lock.notify()
         return done
 
-    def take(self) -> tuple[list[Sequence], list[int], list[tuple[str, threading.Event]],
+    def take(self) -> tuple[list[Sequence], list[int], list[int], list[tuple[str, threading.Event]],
                             list[tuple[list[int], threading.Event]]]:
-        """Everything handed in since the last call: (sequences, cancels, session drops, shared prefixes)."""
+        """Everything handed in since the last call: (sequences, cancels, releases, session drops,
+        shared prefixes)."""
         with self.lock:
-            taken = list(self._sequences), self._cancels, self._session_drops, self._shared_prefixes
-            self._sequences, self._cancels, self._session_drops, self._shared_prefixes = deque(), [], [], []
+            taken = list(self._sequences), self._cancels, self._releases, self._session_drops, self._shared_prefixes
+            self._sequences, self._cancels, self._releases = deque(), [], []
+            self._session_drops, self._shared_prefixes = [], []
         return taken
 
     def close(self) -> None:
@@ -72,7 +80,7 @@ class Inbox:
         return len(self._sequences)
 
     def __bool__(self) -> bool:
-        return bool(self._sequences or self._cancels or self._session_drops or self._shared_prefixes)
+        return bool(self._sequences or self._cancels or self._releases or self._session_drops or self._shared_prefixes)
 
 
 class StepThread:
@@ -122,9 +130,14 @@ class StepThread:
             if was_idle and self.admission_window_s > 0:
                 time.sleep(self.admission_window_s)  # requests arriving together start together (one batch)
             try:
-                engine.step()
+                did_work = engine.step()
             except BaseException as error:  # a batched forward failed: never die silently
                 engine.fail_running(error)
+                continue
+            if not did_work:  # e.g. a request waits for a session slot a held request keeps: until news
+                with self.inbox.lock:
+                    while not self.inbox.closed and not self.inbox:
+                        self.inbox.lock.wait()
 
     def join(self, timeout_s: float) -> None:
         """After ``inbox.close()``: wait for the step in hand to end."""

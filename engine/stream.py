@@ -16,9 +16,10 @@ class TokenStream:
     of "stop", "length", "cancelled", "error" ("probed" for a probe), and ``output_ids``/``ttft_s`` describe the answer.
     """
 
-    def __init__(self, request_id: int, cancel: Callable[[int], None]):
+    def __init__(self, request_id: int, cancel: Callable[[int], None], release: Callable[[int], None] | None = None):
         self.request_id = request_id
         self._cancel = cancel
+        self._release = release
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.finish_reason: str | None = None
         self.output_ids: list[int] = []
@@ -43,6 +44,11 @@ class TokenStream:
     # -- consumer side --
     def cancel(self) -> None:
         self._cancel(self.request_id)
+
+    def release(self) -> None:
+        """A request submitted with ``hold_after`` writes on past it (otherwise: no effect)."""
+        if self._release is not None:
+            self._release(self.request_id)
 
     def __iter__(self) -> Iterator[str]:
         while (item := self._queue.get()) is not _END:

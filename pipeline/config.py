@@ -110,11 +110,14 @@ class LLMStageConfig:
     is_partial_prefill_enabled: bool = True  # prefill the user's words so far at each partial transcript
     is_early_answer_enabled: bool = True  # answer a partial whose words read as finished (semantic endpointing)
     early_answer_min_p: float = 0.2  # ... when the engine's P(sentence ends after them) is at least this
+    early_answer_tokens: int = 8  # tokens it writes before the final adopts it (then it waits; 0 = no wait)
 
     def __post_init__(self) -> None:
         check(128 <= self.history_token_budget <= 1_000_000, "history_token_budget",
               f"must be in [128, 1000000], got {self.history_token_budget}")
         check(0 <= self.max_history_turns <= 1000, "max_history_turns", "must be in [0, 1000]")
+        check(0 <= self.early_answer_tokens <= 4096, "early_answer_tokens",
+              f"must be in [0, 4096], got {self.early_answer_tokens}")
         check(0.0 <= self.early_answer_min_p <= 1.0, "early_answer_min_p",
               f"must be in [0, 1], got {self.early_answer_min_p}")
 

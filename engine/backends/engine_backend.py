@@ -30,6 +30,13 @@ class EngineBackend:
         what was cached)."""
         return self.engine.submit(messages, sampling, session=session)
 
+    def generate_held(self, messages: list[Message], sampling: SamplingParams, session: str | None,
+                      hold_after: int) -> TokenStream:
+        """``generate`` that stops after ``hold_after`` tokens until ``stream.release()`` (keeping
+        its slot, costing no step meanwhile): an answer started before the user has stopped writes
+        its first words, then leaves the cores to ASR until it is known to be wanted."""
+        return self.engine.submit(messages, sampling, session=session, hold_after=hold_after)
+
     def prefill(self, messages: list[Message], session: str | None = None,
                 probe_ids: frozenset[int] | None = None) -> float | None:
         """Prefill ``messages`` read as an open user turn (the chat template cut right after the last

@@ -20,7 +20,7 @@ class EarlyAnswer:
     text: str  # the partial transcript as ASR wrote it
     messages: list[dict]
     sampling: SamplingParams
-    completion: Completion
+    completion: Completion  # on our engine held after its first tokens until adopted (released)
 
     def answers(self, gen: int, text: str, messages: list[dict], sampling: SamplingParams) -> bool:
         """Whether this request is exactly the answer the final transcript would ask for."""

@@ -176,7 +176,10 @@ class LLMStage(Stage):
             return
         try:
             messages = self._prompt(gen, persona, text)[0]
-            completion = self.backend.generate(messages, persona.sampling, self.session)
+            held = getattr(self.backend, "generate_held", None)  # our engine: the first words, then it waits
+            completion = held(messages, persona.sampling, self.session, self.config.early_answer_tokens) \
+                if held is not None and self.config.early_answer_tokens else \
+                self.backend.generate(messages, persona.sampling, self.session)
         except Exception:
             log.warning("starting an early answer failed", exc_info=True)
             return
@@ -196,6 +199,9 @@ class LLMStage(Stage):
         if early is None:
             return None
         if early.answers(gen, text, messages, sampling):
+            release = getattr(early.completion, "release", None)
+            if release is not None:
+                release()  # wanted now: it writes on
             return early.completion
         early.completion.cancel()
         return None

@@ -27,6 +27,10 @@ class StreamsKept:
         self.generations.append((messages, self.backend.generate(messages, sampling, session)))
         return self.generations[-1][1]
 
+    def generate_held(self, messages, sampling, session, hold_after):
+        self.generations.append((messages, self.backend.generate_held(messages, sampling, session, hold_after)))
+        return self.generations[-1][1]
+
     def __getattr__(self, name):
         return getattr(self.backend, name)
 
