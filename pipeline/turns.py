@@ -4,7 +4,9 @@ keeps of each turn once it is over.
 A voice turn's answer starts speculatively at the user's first pause; until ``SpeechEnded`` commits
 the turn its output frames are held, and an ``Interrupt`` (the user went on, or barged in) discards
 them unseen. When a turn is over, the history keeps what the user heard of its answer: all of it,
-the part played before an interruption, or nothing for a speculative answer nobody heard.
+the part played before an interruption, or nothing for a speculative answer nobody heard. A turn
+the user finished but heard nothing of a reply to keeps its words for the next turn
+(pipeline/llm/history.py).
 """
 from __future__ import annotations
 
@@ -106,7 +108,10 @@ class Turns:
 
     def _settle_before(self, gen: int) -> None:
         """Old turns are over: keep what was heard of each (cut + interrupted) in the history;
-        a speculative answer nobody heard leaves no trace."""
+        a speculative answer nobody heard leaves no trace. An answer whose exchange begins only
+        now (the LLM stage was still reading its words) is settled by the history as it begins:
+        first, so that no exchange begins between this sweep and that rule."""
+        self.history.end_before(gen, self._committed)
         for old in self.history.unsettled(gen):
             if old not in self._committed:
                 self.history.drop(old)

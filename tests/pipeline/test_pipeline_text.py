@@ -146,7 +146,9 @@ def test_the_history_budget_is_capped_by_the_context_length(personas):
     backend = SmallContext(["One two three four five six seven eight nine ten."])
     with make(backend, personas) as pipeline:
         for i in range(12):
-            collect_turn(pipeline, pipeline.text_input(f"Question number {i}, with a few more words in it."))
+            gen = pipeline.text_input(f"Question number {i}, with a few more words in it.")
+            collect_turn(pipeline, gen)
+            pipeline.report_playback(gen, 10 ** 9)  # heard (an unheard turn's words join the next turn's)
     room = SmallContext.context_length - personas.get("nova").sampling.max_tokens
     sizes = [backend.count_tokens(call) for call in backend.calls]
     print(f"prompt sizes {sizes}; room for the prompt {room} tokens")
