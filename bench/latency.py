@@ -182,7 +182,8 @@ def print_report(data: dict) -> None:
     print(f"ASR word error rate on the questions: {100 * data['wer']:.1f} %")
     n, reused = data["voice_to_voice_ms"]["n"], data["reused"]
     print(f"ready at the pause: final transcript in {reused['asr_final_reused']} of {n} turns, the words' "
-          f"end-of-turn probe in {reused['text_probe_reused']}")
+          f"end-of-turn probe in {reused['text_probe_reused']}, the answer itself (started at a partial "
+          f"with the same words) in {reused['early_answer_adopted']}")
     if data["barge_in"]:
         b = data["barge_in"]
         print(f"barge-in: playback stopped p50 {b['stop_ms']['p50']} / p95 {b['stop_ms']['p95']} ms of audio after "

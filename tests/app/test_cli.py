@@ -111,6 +111,7 @@ def test_bench_latency_in_a_quick_form_reports_every_stage():
     assert data["voice_to_voice_ms"]["n"] == 1 and data["voice_to_voice_ms"]["p50"] > 0
     assert data["wer"] <= 0.2  # "What is the capital of France?" heard (six words)
     assert data["reused"]["asr_final_reused"] == 1  # read at the first silent frame, not again at the pause
+    assert data["reused"]["early_answer_adopted"] in (0, 1)  # (whether a partial had every word is timing)
     barge_in = data["barge_in"]
     assert barge_in["stop_ms"]["n"] == 1 and barge_in["llm_cancel_ms"]["n"] == 1 and barge_in["vad_detect_ms"]["n"] == 1
 
