@@ -4,9 +4,8 @@ keeps of each turn once it is over.
 A voice turn's answer starts speculatively at the user's first pause; until ``SpeechEnded`` commits
 the turn its output frames are held, and an ``Interrupt`` (the user went on, or barged in) discards
 them unseen. When a turn is over, the history keeps what the user heard of its answer: all of it,
-the part played before an interruption, or nothing for a speculative answer nobody heard. A turn
-the user finished but heard nothing of a reply to keeps its words for the next turn
-(pipeline/llm/history.py).
+the part played before an interruption, or nothing for a speculative answer nobody heard (even
+one whose exchange begins only after the interruption: pipeline/llm/history.py).
 """
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
 """One session's conversation: what the user said and what they actually heard in reply.
 
 An exchange's assistant text is what the model wrote until playback says otherwise: when the
-user interrupts, ``cut`` keeps only the heard part and marks the exchange interrupted. A turn
-whose reply nobody heard (cut before its first word played, or an answer that began only after
-its turn was over) leaves no user message without a reply: its words go with the next turn's, as
-one user turn (``exchanges``, ``messages``), as ASR joins the words of a resumed utterance. A
-speculative answer the user spoke over is dropped with its words (ASR reads them again with the
-rest). Prompts keep within a token budget by dropping the oldest exchanges, never the system prompt.
+user interrupts, ``cut`` keeps only the heard part and marks the exchange interrupted. An answer
+that begins only after its turn is over (``end_before``) is settled as it begins: a speculative
+one the user spoke over leaves nothing (ASR reads its words again with the rest), one of a turn
+the user had finished is kept unheard. Prompts keep within a token budget by dropping the oldest
+exchanges, never the system prompt.
 """
 from __future__ import annotations
 
@@ -33,31 +32,6 @@ class Exchange:
         """The reply as the conversation remembers it."""
         return self.assistant if self.heard is None else self.heard
 
-    @property
-    def is_unanswered(self) -> bool:
-        """Over, and nothing of a reply was heard: the user's words wait for their next turn."""
-        return self.is_settled and not self.reply.strip()
-
-
-def join_turns(*users: str) -> str:
-    """Words of turns nobody answered, then the next turn's: one user turn."""
-    return " ".join(u.strip() for u in users if u.strip())
-
-
-def folded(exchanges: list[Exchange]) -> tuple[list[Exchange], list[str]]:
-    """The exchanges as the conversation remembers them, and the words still waiting for a next
-    turn (oldest first): an unanswered exchange's words go with the next exchange's user text."""
-    kept, waiting = [], []
-    for exchange in exchanges:
-        if exchange.is_unanswered:
-            waiting.append(exchange.user)
-        elif waiting:
-            kept.append(replace(exchange, user=join_turns(*waiting, exchange.user)))
-            waiting = []
-        else:
-            kept.append(exchange)
-    return kept, waiting
-
 
 class History:
     """Thread-safe list of exchanges (the LLM stage writes, playback reports cut)."""
@@ -72,8 +46,9 @@ class History:
 
     def begin(self, gen: int, user: str) -> None:
         """The answer to ``gen`` starts. If its turn is already over (the answer began after the
-        user went on or barged in), nothing of it can be heard: a turn the user had finished keeps
-        its words for the next turn (unanswered), a speculative one leaves no trace."""
+        user went on or barged in), nothing of it can be heard: a turn the user had finished is kept
+        with nothing heard, as a barge-in before its first word would leave it; a speculative one
+        leaves no trace."""
         with self._lock:
             if gen in self._dropped:
                 pass
@@ -121,11 +96,6 @@ class History:
             return [g for g, e in self._exchanges.items() if g < before_gen and not e.is_settled]
 
     def exchanges(self) -> list[Exchange]:
-        """The conversation as remembered: no user turn without a heard reply (its words are the
-        next exchange's; the words of the last such turns wait for the next turn, see ``messages``)."""
-        return folded(self._all())[0]
-
-    def _all(self) -> list[Exchange]:
         with self._lock:
             return [self._exchanges[g] for g in sorted(self._exchanges)]
 
@@ -135,22 +105,16 @@ class History:
 
     def messages(self, system: str, gen: int, user: str, count_tokens: Callable[[list[Message]], int],
                  token_budget: int, max_turns: int) -> list[Message]:
-        """The prompt for turn ``gen``: system + as many recent exchanges as fit + the new user text,
-        after the words of the turns just before it that nobody heard a reply to (the oldest of
-        those go once no exchange is left to drop; the turn's own words are never cut)."""
-        past, waiting = folded([e for e in self._all() if e.gen < gen])
-        past = past[-max_turns:] if max_turns else []
+        """The prompt for turn ``gen``: system + as many recent exchanges as fit + the new user text."""
+        past = [e for e in self.exchanges() if e.gen < gen][-max_turns:] if max_turns else []
         while True:
             messages = [{"role": "system", "content": system}]
             for exchange in past:
                 messages.append({"role": "user", "content": exchange.user})
-                if exchange.reply:  # (an exchange still in flight: its reply is not known yet)
+                if exchange.reply:
                     reply = exchange.reply + ("..." if exchange.is_interrupted else "")
                     messages.append({"role": "assistant", "content": reply})
-            messages.append({"role": "user", "content": join_turns(*waiting, user) if waiting else user})
-            if not (past or waiting) or count_tokens(messages) <= token_budget:
+            messages.append({"role": "user", "content": user})
+            if not past or count_tokens(messages) <= token_budget:
                 return messages
-            if past:
-                past = past[1:]  # the oldest exchange goes first; the system prompt always stays
-            else:
-                waiting = waiting[1:]
+            past = past[1:]  # the oldest exchange goes first; the system prompt always stays

@@ -4,7 +4,6 @@ The real-model load test is tests/app/test_load_spoken.py."""
 from __future__ import annotations
 
 import asyncio
-import re
 
 import pytest
 
@@ -28,12 +27,9 @@ def test_8_clients_5_turns_each_get_their_own_answers(silero_vad_path, questions
         print("\n" + report.summary())
         assert not report.failures, report.failures
         assert len(report.turns) == 40 and report.turns_per_s > 0
-        for turn in report.turns:  # the scripted model echoes: each reply names its own client's keyword only
+        for turn in report.turns:  # the scripted model echoes: each reply names its own client's keyword
             keyword = questions[turn["client"]][0]
-            # (a turn typed before any of the previous answer played leaves that question unanswered: it
-            # is asked again with the next one, "Tell me one fact about X. Tell me one fact about X.")
-            assert turn["reply"].startswith("You said: Tell me one fact about"), turn
-            assert set(re.findall(r"fact about (\w+)", turn["reply"])) == {keyword}, turn
+            assert turn["reply"] == f"You said: Tell me one fact about {keyword}..", turn
         assert "40/40 turns (8 clients x 5)" in report.summary() and "text-to-voice p50" in report.summary()
         assert report.rss_peak >= report.rss_before > 0
         wait_idle(server, threads)

@@ -62,48 +62,17 @@ def test_playback_tracker_counts_heard_words_pro_rata():
     assert tracker.is_complete(1) and tracker.heard_text(1).endswith("dragon.")
 
 
-def test_a_turn_nobody_heard_a_reply_to_joins_the_next_turns_words():
-    """Cut before a word of its reply played: no user message without a reply is left behind; its
-    words wait for the next turn and go with them, in its prompt and in the history."""
-    history = History()
-    history.begin(1, "What is the capital of?")
-    history.finish(1, "")
-    history.cut(1, "")
-    assert history.exchanges() == []
-    assert history.messages("S", 2, "Spain?", count, 1000, 10)[1:] == [
-        {"role": "user", "content": "What is the capital of? Spain?"}]
-    history.begin(2, "Spain?")
-    history.finish(2, "Madrid.")
-    history.settle(2)
-    assert [(e.user, e.reply) for e in history.exchanges()] == [("What is the capital of? Spain?", "Madrid.")]
-    assert history.messages("S", 3, "Thanks!", count, 1000, 10)[1:] == [
-        {"role": "user", "content": "What is the capital of? Spain?"},
-        {"role": "assistant", "content": "Madrid."},
-        {"role": "user", "content": "Thanks!"}]
-
-
 def test_an_answer_that_begins_after_its_turn_is_over_leaves_no_exchange_of_its_own():
     """The LLM stage was still reading the words when the user went on (2: a speculative answer,
-    voided) or barged in after finishing (1): neither answer can be heard. The finished turn's
-    words go with the next turn's; the voided one's are in the next final already (ASR)."""
+    voided) or barged in after finishing (1): neither answer can be heard. The voided turn leaves
+    nothing (its words are in the next final already: ASR); the finished one is kept unheard."""
     history = History()
     history.end_before(3, committed={1})
     history.begin(1, "Tell me a joke")
     history.begin(2, "What is the")
     history.finish(1, "Why did the chicken")
     history.finish(2, "The what?")
-    assert history.unsettled(3) == [] and history.exchanges() == []
+    assert history.unsettled(3) == []
+    assert [(e.gen, e.user, e.reply) for e in history.exchanges()] == [(1, "Tell me a joke", "")]
     assert history.messages("S", 3, "about cats.", count, 1000, 10)[1:] == [
-        {"role": "user", "content": "Tell me a joke about cats."}]
-
-
-def test_words_waiting_for_their_turn_are_trimmed_to_the_budget_last_but_never_the_turns_own():
-    history = History()
-    for gen in range(1, 4):
-        history.begin(gen, f"unanswered {gen} " + "word " * 10)
-        history.cut(gen, "")
-    messages = history.messages("S", 4, "new question", count, token_budget=30, max_turns=10)
-    pieces = [f"unanswered {gen} " + " ".join(["word"] * 10) for gen in (2, 3)]  # 1 no longer fits
-    assert messages[1:] == [{"role": "user", "content": " ".join(pieces + ["new question"])}]
-    assert history.messages("S", 4, "new " * 50, count, token_budget=30, max_turns=10)[1:] == [
-        {"role": "user", "content": "new " * 50}]
+        {"role": "user", "content": "Tell me a joke"}, {"role": "user", "content": "about cats."}]

@@ -1,6 +1,6 @@
-"""The history keeps no user turn without a heard reply, whatever the threads' order: scripted
+"""A speculative answer the user spoke over leaves no exchange, whatever the threads' order: scripted
 frames into a text-only pipeline (the LLM stage is its first stage), a fake LLM the test can hold
-inside a turn's prompt (just before its history entry begins) or inside an answer (until cancelled)."""
+inside a turn's prompt (just before its history entry begins)."""
 from __future__ import annotations
 
 import threading
@@ -14,30 +14,14 @@ from tests.pipeline.test_pipeline_text import collect_turn
 FRAGMENT, ANSWER = "What is the capital of?", "The capital of Spain is Madrid."
 
 
-class StalledCompletion:
-    """An answer whose first word never comes; it ends when cancelled."""
-
-    def __init__(self, started: threading.Event):
-        self.started, self.cancelled = started, threading.Event()
-
-    def __iter__(self):
-        self.started.set()
-        self.cancelled.wait(10)
-        return iter(())
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-
-
 class HeldBackend(FakeBackend):
     """``hold``: the prompt whose last message is this user text is held in ``count_tokens`` (the LLM
-    stage counts it right before the history entry begins) until ``go`` is set. ``stall``: the
-    answer to this user text never says a word."""
+    stage counts it right before the history entry begins) until ``go`` is set."""
 
-    def __init__(self, hold: str | None = None, stall: str | None = None):
+    def __init__(self, hold: str | None = None):
         super().__init__([ANSWER], delay_s=0.0)
-        self.hold, self.stall = hold, stall
-        self.held, self.go, self.started = threading.Event(), threading.Event(), threading.Event()
+        self.hold = hold
+        self.held, self.go = threading.Event(), threading.Event()
 
     def count_tokens(self, messages) -> int:
         if self.hold is not None and messages[-1] == {"role": "user", "content": self.hold}:
@@ -45,12 +29,6 @@ class HeldBackend(FakeBackend):
             self.held.set()
             assert self.go.wait(10)
         return super().count_tokens(messages)
-
-    def generate(self, messages, sampling, session=None):
-        if messages[-1]["content"] == self.stall:
-            self.calls.append(messages)
-            return StalledCompletion(self.started)
-        return super().generate(messages, sampling, session)
 
 
 def make(backend: HeldBackend) -> Pipeline:
@@ -97,27 +75,3 @@ def test_a_speculative_answer_that_begins_after_the_user_went_on_leaves_no_excha
     history, prompt = answer_begun_after_the_user_spoke_again(False, "What is the capital of Spain?")
     assert history == [("What is the capital of Spain?", ANSWER)]
     assert prompt == [{"role": "user", "content": "What is the capital of Spain?"}]
-
-
-def test_a_finished_turn_whose_answer_begins_after_a_barge_in_joins_the_next_turn():
-    history, prompt = answer_begun_after_the_user_spoke_again(True, "Spain?")
-    assert history == [("What is the capital of? Spain?", ANSWER)]
-    assert prompt == [{"role": "user", "content": "What is the capital of? Spain?"}]
-
-
-def test_a_finished_turn_cut_before_a_word_of_its_answer_joins_the_next_turn():
-    """The turn ended (a false cut, or the user barged in at once) and the user spoke again before
-    its answer said a word: the history kept the words with an empty reply, and the next prompt
-    had two user messages in a row."""
-    backend = HeldBackend(stall=FRAGMENT)
-    with make(backend) as pipeline:
-        gen = pipeline.turns.counter.next()
-        pipeline._first.put(Interrupt(gen=gen, reason="barge-in"))
-        final(pipeline, gen, FRAGMENT, is_committed=True)
-        assert backend.started.wait(10)
-        barge_in = pipeline.turns.counter.next()
-        pipeline._first.put(Interrupt(gen=barge_in, reason="barge-in"))
-        final(pipeline, barge_in, "Spain?", is_committed=True)
-        answer_heard(pipeline, barge_in)
-        assert [(e.user, e.reply) for e in pipeline.history] == [("What is the capital of? Spain?", ANSWER)]
-        assert backend.calls[-1][1:] == [{"role": "user", "content": "What is the capital of? Spain?"}]
