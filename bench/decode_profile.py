@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="alternate fp32 / int8 activations on one decoder (quant native), --rounds rounds")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prefill-tokens", type=int, default=128)
+    parser.add_argument("--no-phase-profile", action="store_true",
+                        help="no per-phase CPU times (each task's clock reads cost ~1 %% of a step)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -73,11 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         result["aten_calls_per_step"] = sum(e.count for e in events if e.key.startswith("aten::")) / args.steps
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
     else:
-        if decoder is not None:
+        if decoder is not None and not args.no_phase_profile:
             decoder.set_profiling(True)
         result["ms_per_step"] = steps(args.steps)
         if decoder is not None:
             result["solo_steps"] = decoder.solo_steps()  # steps on one thread: helpers stalled (load)
+        if decoder is not None and not args.no_phase_profile:
             result["cpu_ms_per_step_by_phase"] = {name: ms / args.steps for name, ms in
                                                   zip(PHASES, decoder.profile_ms())}
             decoder.set_profiling(False)
