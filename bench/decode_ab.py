@@ -40,9 +40,9 @@ def export_tree(revision: str, into: Path) -> Path:
     return into / "tree"
 
 
-def profile_ms(tree: Path, model: str, threads: int, steps: int, batch: int, args: str) -> float:
-    """One decode_profile run in ``tree`` -> wall ms per decode step (refused when the step pool fell
-    back to one thread for some steps: its helpers stalled, so it is not a 2-thread figure)."""
+def profile_ms(tree: Path, model: str, threads: int, steps: int, batch: int, args: str) -> tuple[float, int]:
+    """One decode_profile run in ``tree`` -> (wall ms per decode step, steps the step pool ran on one
+    thread because its helpers stalled: the engine's own fallback under contention)."""
     cmd = [sys.executable, "-m", "bench.decode_profile", "--model", model, "--threads", str(threads), "--steps",
            str(steps), "--batch", str(batch), "--no-phase-profile", "--json", *shlex.split(args)]
     env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
@@ -50,21 +50,17 @@ def profile_ms(tree: Path, model: str, threads: int, steps: int, batch: int, arg
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
     result = json.loads(out.stdout[out.stdout.index("{"):])
-    if result.get("solo_steps"):
-        print(f"[ab] {args}: {result['solo_steps']} of the steps ran on one thread (stalled helpers): sample dropped",
-              file=sys.stderr, flush=True)
-        return float("nan")
-    return float(result["ms_per_step"])
+    return float(result["ms_per_step"]), int(result.get("solo_steps", 0))
 
 
-def llama_ms(model: str, threads: int, steps: int) -> float:
+def llama_ms(model: str, threads: int, steps: int) -> tuple[float, int]:
     """llama-bench's decode of ``steps`` tokens (``-p 0 -n steps -fa 1``) on the model's GGUF -> ms per token."""
     from app.model_store import resolve
     from bench.llama_cpp_build import build
     from bench.llama_cpp_peer import llama_bench
     from engine.native_weights import native_gguf_path
 
-    return 1e3 / llama_bench(build(), native_gguf_path(resolve(model, "llm")), threads, 0, steps)
+    return 1e3 / llama_bench(build(), native_gguf_path(resolve(model, "llm")), threads, 0, steps), 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,17 +86,17 @@ def main(argv: list[str] | None = None) -> int:
                     for label, tree, a in arms}
         if args.llama_cpp:
             measures["llama.cpp"] = lambda t: llama_ms(args.model, t, args.steps)
-        samples: dict[str, dict[int, list[tuple[float, float]]]] = {k: {t: [] for t in threads} for k in measures}
+        samples: dict[str, dict[int, list[tuple[float, float, int]]]] = {k: {t: [] for t in threads} for k in measures}
         for label, measure in measures.items():  # warm-up: builds (kernels, llama.cpp), page cache
             measure(threads[0])
         for r in range(args.rounds):
             for t in threads:
                 for label, measure in measures.items():
-                    ms = measure(t)
-                    samples[label][t].append((ms, os.getloadavg()[0]))
-                    print(f"[ab] round {r + 1} {t} thr {label}: {ms:.2f} ms (load {os.getloadavg()[0]:.2f})",
-                          file=sys.stderr, flush=True)
-    medians = {label: {t: statistics.median([ms for ms, _ in s if ms == ms] or [float("nan")]) for t, s in by_t.items()}
+                    ms, solo = measure(t)
+                    samples[label][t].append((ms, os.getloadavg()[0], solo))
+                    print(f"[ab] round {r + 1} {t} thr {label}: {ms:.2f} ms (load {os.getloadavg()[0]:.2f}"
+                          f"{f', {solo} steps on one thread' if solo else ''})", file=sys.stderr, flush=True)
+    medians = {label: {t: statistics.median(ms for ms, _, _ in s) for t, s in by_t.items()}
                for label, by_t in samples.items()}
     result = {"model": args.model, "batch": args.batch, "steps": args.steps, "rounds": args.rounds,
               "median_ms": medians, "samples": samples}
@@ -109,11 +105,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     first = next(iter(medians))
     print(f"{args.model}, batch {args.batch}, {args.steps} steps per sample, {args.rounds} alternating rounds; "
-          f"median ms per decode step (tok/s), ratio to {first}; samples with the 1-min load after each")
+          f"median ms per decode step (tok/s), ratio to {first}; samples as ms@load, with /sN when N of the "
+          f"steps ran on one thread (the step pool's fallback when its helpers stall under contention)")
     for t in threads:
         for label in medians:
             ms = medians[label][t]
-            each = ", ".join(f"{m:.1f}@{load:.1f}" for m, load in samples[label][t])
+            each = ", ".join(f"{m:.1f}@{load:.1f}{f'/s{solo}' if solo else ''}" for m, load, solo in samples[label][t])
             print(f"  {t} thr  {label:28s} {ms:8.2f} ms ({1e3 / ms:6.1f} tok/s)  x{ms / medians[first][t]:.2f}  [{each}]")
     return 0
 
