@@ -32,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="alternate fp32 / int8 activations on one decoder (quant native), --rounds rounds")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prefill-tokens", type=int, default=128)
+    parser.add_argument("--no-phase-profile", action="store_true",
+                        help="no per-phase CPU times (each task's clock reads cost ~1 %% of a step)")
+    parser.add_argument("--no-stall-fallback", action="store_true",
+                        help="always the threads asked for (the step pool's one-thread fallback off)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -59,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
             runner.decode(slots, [200 + i] * len(slots), [40 + i] * len(slots))
         return (time.perf_counter() - start) / n * 1e3
 
-    steps(4)  # warm-up
     decoder = getattr(runner, "decoder", None)
+    if decoder is not None and args.no_stall_fallback:
+        decoder.set_stall_fallback(False)
+    steps(4)  # warm-up
     if args.ab_int8_activations:
         return ab_int8_activations(args, engine, steps)
     result: dict = {"quant": args.quant, "int8_activations": args.int8_activations, "batch": args.batch, "threads": args.threads, "load_avg": os.getloadavg()[0]}
@@ -73,11 +79,12 @@ def main(argv: list[str] | None = None) -> int:
         result["aten_calls_per_step"] = sum(e.count for e in events if e.key.startswith("aten::")) / args.steps
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
     else:
-        if decoder is not None:
+        if decoder is not None and not args.no_phase_profile:
             decoder.set_profiling(True)
         result["ms_per_step"] = steps(args.steps)
         if decoder is not None:
             result["solo_steps"] = decoder.solo_steps()  # steps on one thread: helpers stalled (load)
+        if decoder is not None and not args.no_phase_profile:
             result["cpu_ms_per_step_by_phase"] = {name: ms / args.steps for name, ms in
                                                   zip(PHASES, decoder.profile_ms())}
             decoder.set_profiling(False)

@@ -224,24 +224,27 @@ class NativeDecoder : public torch::CustomClassHolder {
 // slot's keys 0..position (after (2): a chunk's rows see each other causally), (4) o_proj,
 // (5) add + post norm, (6) gate and up rows of the same intermediate indices, then silu(gate) * up,
 // (7) down; then the final norm and the LM head, for the rows whose logits are wanted only.
-// Matrix phases hand out 16 weight rows per task, times every row of x (8 at a time, quant_matmul.h).
+// Matrix phases hand out weight rows in tasks (16 rows, gate/up 32, the head 128; see task_rows), times
+// every row of x (8 at a time, quant_matmul.h).
 class StepWork : public PhasedWork {
  public:
   StepWork(NativeDecoder& m, int64_t T, const int64_t* positions, const int64_t* slots, const int64_t* logit_rows,
            int64_t n_logits, StepBuffers buffers, int threads)
       : m(m), T(T), positions(positions), slots(slots), logit_rows(logit_rows), n_logits(n_logits), buf(buffers),
-        Nqkv((m.H + 2 * m.Hkv) * m.d), scratch(threads) {}
+        Nqkv((m.H + 2 * m.Hkv) * m.d), scratch(threads),
+        qkv_rows(task_rows(Nqkv, kRows, threads)), d_rows(task_rows(m.D, kRows, threads)),
+        act_rows(task_rows(m.I, kActRows, threads)), head_rows(task_rows(m.head.rows, kHeadRows, threads)) {}
 
   int64_t phases() const override { return m.layers * kPerLayer + 2; }
 
   int64_t size(int64_t p) const override {
-    if (p >= m.layers * kPerLayer) return p == m.layers * kPerLayer ? 1 : (n_logits ? chunks(m.head.rows, kHeadRows) : 0);
+    if (p >= m.layers * kPerLayer) return p == m.layers * kPerLayer ? 1 : (n_logits ? chunks(m.head.rows, head_rows) : 0);
     switch (p % kPerLayer) {
       case 0: case 5: return chunks(T, kRows);
-      case 1: return chunks(Nqkv, kRows);
+      case 1: return chunks(Nqkv, qkv_rows);
       case 2: case 3: return T * m.Hkv;
-      case 6: return chunks(m.I, kActRows);
-      default: return chunks(m.D, kRows);  // o_proj, down
+      case 6: return chunks(m.I, act_rows);
+      default: return chunks(m.D, d_rows);  // o_proj, down
     }
   }
 
@@ -256,7 +259,7 @@ class StepWork : public PhasedWork {
   }
 
   void run_task(int64_t p, int64_t task, int worker) {
-    const int64_t D = m.D, I = m.I, n0 = task * kRows;
+    const int64_t D = m.D, I = m.I;
     if (p >= m.layers * kPerLayer) {
       if (p == m.layers * kPerLayer) {  // the final norm of the rows whose logits are wanted, gathered
         for (int64_t i = 0; i < n_logits; ++i) {
@@ -266,48 +269,50 @@ class StepWork : public PhasedWork {
         if (buf.logitq.q) quantize_rows(buf.h_logits, n_logits, D, buf.logitq);
         return;
       }
-      const int64_t V = m.head.rows, v0 = task * kHeadRows;
-      return m.head.run(buf.h_logits, n_logits, buf.logits, V, v0, std::min(V, v0 + kHeadRows), q8(buf.logitq));
+      const int64_t V = m.head.rows, v0 = task * head_rows;
+      return m.head.run(buf.h_logits, n_logits, buf.logits, V, v0, std::min(V, v0 + head_rows), q8(buf.logitq));
     }
     const int64_t l = p / kPerLayer;
     const Layer& layer = m.layer_[l];
     const int64_t stride = m.S * m.Hkv * m.L * m.d;
     const AttentionArgs args{buf.qkv, buf.cos, buf.sin, m.k_ + l * stride, m.v_ + l * stride, slots, positions,
                              buf.attn, m.H, m.Hkv, m.d, m.L, m.window};
-    const int64_t r0 = n0, r1 = std::min(T, n0 + kRows);  // the norms' rows
+    const int64_t r0 = task * kRows, r1 = std::min(T, r0 + kRows);  // the norms' rows
     switch (p % kPerLayer) {
       case 0:
         m.add_and_norm(buf.residual + r0 * D, l == 0 ? nullptr : buf.delta + r0 * D, layer.input_norm, buf.h + r0 * D,
                        r1 - r0);
         if (buf.hq.q) quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hq.at_row(r0));
         return;
-      case 1: return layer.qkv.run(buf.h, T, buf.qkv, Nqkv, n0, std::min(Nqkv, n0 + kRows), q8(buf.hq));
+      case 1: return layer.qkv.run(buf.h, T, buf.qkv, Nqkv, task * qkv_rows, std::min(Nqkv, (task + 1) * qkv_rows),
+                                   q8(buf.hq));
       case 2: return write_kv(args, task);
       case 3:
         attend(args, task, scratch[worker]);
         if (buf.attnq.q) quantize_heads(task);
         return;
-      case 4: return layer.o.run(buf.attn, T, buf.delta, D, n0, std::min(D, n0 + kRows), q8(buf.attnq));
+      case 4: return layer.o.run(buf.attn, T, buf.delta, D, task * d_rows, std::min(D, (task + 1) * d_rows), q8(buf.attnq));
       case 5:
         m.add_and_norm(buf.residual + r0 * D, buf.delta + r0 * D, layer.post_norm, buf.h + r0 * D, r1 - r0);
         if (buf.hq.q) quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hq.at_row(r0));
         return;
       case 6: {  // gate rows i and up rows I + i by the same task: silu(gate) * up needs no other phase
-        const int64_t a0 = task * kActRows, a1 = std::min(I, a0 + kActRows);
+        const int64_t a0 = task * act_rows, a1 = std::min(I, a0 + act_rows);
         layer.gate_up.run(buf.h, T, buf.gate_up, 2 * I, a0, a1, q8(buf.hq));
         layer.gate_up.run(buf.h, T, buf.gate_up, 2 * I, I + a0, I + a1, q8(buf.hq));
         for (int64_t b = 0; b < T; ++b) {
           const float *g = buf.gate_up + b * 2 * I, *u = g + I;
           float* o = buf.act + b * I;
           for (int64_t i = a0; i < a1; ++i) o[i] = g[i] / (1.f + fast_exp(-g[i])) * u[i];
-          if (buf.actq.q) {  // this task's block of 32 (I is a multiple of 32 when int8 activations are on)
+          if (buf.actq.q) {  // this task's blocks of 32 (I is a multiple of 32 when int8 activations are on)
             const Q8Rows row = buf.actq.at_row(b);
             quantize_q8(o + a0, a1 - a0, row.q + a0, row.d + a0 / kQ8, row.s + a0 / kQ8);
           }
         }
         return;
       }
-      default: return layer.down.run(buf.act, T, buf.delta, D, n0, std::min(D, n0 + kRows), q8(buf.actq));
+      default: return layer.down.run(buf.act, T, buf.delta, D, task * d_rows, std::min(D, (task + 1) * d_rows),
+                                     q8(buf.actq));
     }
   }
 
@@ -315,8 +320,21 @@ class StepWork : public PhasedWork {
   static constexpr int64_t kPerLayer = 8;
   static constexpr int64_t kRows = 16;       // rows per task: a multiple of every row group of quant_matmul.h
   static constexpr int64_t kHeadRows = 128;  // the LM head's tasks (49k-152k rows)
-  static constexpr int64_t kActRows = kQ8;   // gate/up: a task's act values are one Q8 block per row
+  static constexpr int64_t kActRows = kQ8;   // gate/up: a task's act values are whole Q8 blocks of each row
+  static constexpr int64_t kTasksPerThread = 8;
   static int64_t chunks(int64_t rows, int64_t size) { return (rows + size - 1) / size; }
+
+  // Rows per task of a matrix of `rows` rows: `unit` (a multiple of it), or with several threads at
+  // batch <= 8, about kTasksPerThread tasks per thread. Why: a 16-row task of Qwen2.5-0.5B's q/k/v or
+  // o_proj streams ~10 KB of weights, while each task updates three counters that the other core
+  // wrote last (the ticket, the phase's and the step's done counts: a cache-line transfer each).
+  // One thread keeps the small tasks (its counters stay in its own cache); a prefill chunk's tasks
+  // are long enough (each weight row times up to 8 activation rows, re-read per 8).
+  int64_t task_rows(int64_t rows, int64_t unit, int threads) const {
+    if (threads < 2 || T > 8) return unit;
+    const int64_t per = chunks(rows, threads * kTasksPerThread);
+    return std::max(unit, chunks(per, unit) * unit);
+  }
   static const Q8Rows* q8(const Q8Rows& rows) { return rows.q ? &rows : nullptr; }
 
   // Attention task t = (row b, kv head g) wrote the R heads' outputs [g R d, (g + 1) R d) of row b:
@@ -334,6 +352,7 @@ class StepWork : public PhasedWork {
   const StepBuffers buf;
   const int64_t Nqkv;
   std::vector<AttentionScratch> scratch;  // one per worker
+  const int64_t qkv_rows, d_rows, act_rows, head_rows;  // rows per task of each matrix phase (task_rows)
 };
 
 at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,

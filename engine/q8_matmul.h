@@ -12,12 +12,20 @@
 //   Q4_1  u = nibble                        a = d              c = m
 //   Q5_0  u = nibble | 5th bit << 4         a = d              c = -16 d
 //   Q4_K  u = nibble of sub-block j         a = d sc_j         c = -dmin m_j
-//   Q6_K  u = 6-bit q - 32 (signed), and a 16-bit multiplier sc per 16 weights, a = d, c = 0
+//   Q6_K  u = 6-bit q, weight q - 32, and a 16-bit multiplier sc per 16 weights, a = d, c = 0
 // so dot(w, x) over a sub-block = a * dx * sum(u * q * mult) + c * s: unsigned u go straight into
 // vpmaddubsw (u <= 31 keeps 2 * 31 * 127 under int16's limit), signed ones through the sign trick
-// (|u| times q with u's sign, as ggml's mul_sum_i8_pairs).
+// (|u| times q with u's sign, as ggml's mul_sum_i8_pairs); Q6_K's pairs are vpmaddubsw(u, q) minus
+// vpmaddubsw(32, q) (|u - 32| * 127 * 2 < 2^15), then vpmaddwd with the multipliers.
 // The portable fallback dequantizes the weight block (gguf_blocks.h) and multiplies it with the
 // dequantized activations q * d: the same sum up to fp32 rounding order.
+//
+// With VNNI (AVX512-VNNI + VL, or AVX-VNNI) one `vpdpbusd` does what vpmaddubsw + vpmaddwd(1) do
+// (4 byte products into each int32 lane, no int16 step, so no int16 saturation either), and Q8_0
+// is read as unsigned u = q + 128 (q xor 0x80) with c = -128 d, like Q4_0's offset: one xor per 32
+// weights instead of the sign trick's two vpsignb per activation row. Q6_K keeps vpmaddwd (its
+// 16-bit scales ride in it). With AVX-512 (BW + VNNI) too, the 8 sub-blocks of a group go two at a
+// time through 512-bit vectors, and their lanes are summed with vpermt2d instead of vphaddd.
 #pragma once
 
 #include <cmath>
@@ -109,9 +117,39 @@ inline void quantize_rows(const float* x, int64_t M, int64_t ldx, const Q8Rows& 
 }
 
 #if defined(VOXLANE_AVX2)
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define VOXLANE_VNNI 1
+#endif
+
+// Lane i = u[4i..4i+3] . q[4i..4i+3] (u unsigned bytes, q signed). Without VNNI, u <= 31 or the
+// sign trick's |u| <= 128 keep vpmaddubsw's pair sums within int16.
+inline __m256i dot_u8_i8(__m256i u, __m256i q) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, q);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, q);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), _mm256_set1_epi16(1));
+#endif
+}
+
 // Each format's 32-weight sub-blocks: sink(j, u [32 bytes], mult [16 x int16], a, c) for j in
-// [0, QK / 32). SIGNED: u is signed (sign trick); else unsigned <= 31. MIN: c != 0.
+// [0, QK / 32). SIGNED: u is signed (sign trick); else unsigned (<= 31 without VNNI). MIN: c != 0.
+// SCALED: mult holds 16-bit multipliers (else ones: mult is not used), and the weights are u - BIAS.
 template <class B> struct Q8Dot;
+
+// One sub-block's integer products u . x in int32 lanes (each lane 4 consecutive weights).
+template <class Dot> inline __m256i sub_block_dot(__m256i u, __m256i mult, __m256i x) {
+  if constexpr (Dot::SIGNED) {
+    return dot_u8_i8(_mm256_sign_epi8(u, u), _mm256_sign_epi8(x, u));
+  } else if constexpr (Dot::SCALED) {
+    const __m256i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(u, x),
+                                           _mm256_maddubs_epi16(_mm256_set1_epi8(Dot::BIAS), x));
+    return _mm256_madd_epi16(pairs, mult);
+  } else {
+    return dot_u8_i8(u, x);
+  }
+}
 
 inline __m256i nibbles_32(const uint8_t* qs) {  // 16 bytes -> 32 weights: low nibbles first
   const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
@@ -120,14 +158,23 @@ inline __m256i nibbles_32(const uint8_t* qs) {  // 16 bytes -> 32 weights: low n
 inline __m256i ones16() { return _mm256_set1_epi16(1); }
 
 template <> struct Q8Dot<gguf::BlockQ8_0> {
-  static constexpr bool SIGNED = true, MIN = false;
+#if defined(VOXLANE_VNNI)
+  static constexpr bool SIGNED = false, MIN = true, SCALED = false;  // u = q + 128, c = -128 d
+  template <class Sink> static inline void blocks(const uint8_t* b, Sink&& sink) {
+    const float d = gguf::half_to_float(b);
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    sink(0, _mm256_xor_si256(q, _mm256_set1_epi8(static_cast<char>(0x80))), ones16(), d, -128.f * d);
+  }
+#else
+  static constexpr bool SIGNED = true, MIN = false, SCALED = false;
   template <class Sink> static inline void blocks(const uint8_t* b, Sink&& sink) {
     sink(0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), ones16(), gguf::half_to_float(b), 0.f);
   }
+#endif
 };
 
 template <> struct Q8Dot<gguf::BlockQ4_0> {
-  static constexpr bool SIGNED = false, MIN = true;
+  static constexpr bool SIGNED = false, MIN = true, SCALED = false;
   template <class Sink> static inline void blocks(const uint8_t* b, Sink&& sink) {
     const float d = gguf::half_to_float(b);
     sink(0, nibbles_32(b + 2), ones16(), d, -8.f * d);
@@ -135,16 +182,20 @@ template <> struct Q8Dot<gguf::BlockQ4_0> {
 };
 
 template <> struct Q8Dot<gguf::BlockQ4_1> {
-  static constexpr bool SIGNED = false, MIN = true;
+  static constexpr bool SIGNED = false, MIN = true, SCALED = false;
   template <class Sink> static inline void blocks(const uint8_t* b, Sink&& sink) {
     sink(0, nibbles_32(b + 4), ones16(), gguf::half_to_float(b), gguf::half_to_float(b + 2));
   }
 };
 
 template <> struct Q8Dot<gguf::BlockQ5_0> {
-  static constexpr bool SIGNED = false, MIN = true;
+  static constexpr bool SIGNED = false, MIN = true, SCALED = false;
   template <class Sink> static inline void blocks(const uint8_t* b, Sink&& sink) {
     const float d = gguf::half_to_float(b);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    // bit i of qh is byte i's 5th bit: qh is a byte mask
+    const __m256i fifth = _mm256_maskz_mov_epi8(static_cast<__mmask32>(gguf::load_u32(b + 2)), _mm256_set1_epi8(0x10));
+#else
     // bit i of qh -> byte i (ggml's bytes_from_bits_32): broadcast qh's byte i/8 to byte i, set
     // every bit but bit i%8, and compare with all-ones.
     const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(gguf::load_u32(b + 2))),
@@ -152,13 +203,14 @@ template <> struct Q8Dot<gguf::BlockQ5_0> {
                                                                  0x0101010101010101, 0x0000000000000000));
     const __m256i is_set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
                                              _mm256_set1_epi64x(-1));
-    sink(0, _mm256_or_si256(nibbles_32(b + 6), _mm256_and_si256(is_set, _mm256_set1_epi8(0x10))), ones16(), d,
-         -16.f * d);
+    const __m256i fifth = _mm256_and_si256(is_set, _mm256_set1_epi8(0x10));
+#endif
+    sink(0, _mm256_or_si256(nibbles_32(b + 6), fifth), ones16(), d, -16.f * d);
   }
 };
 
 template <> struct Q8Dot<gguf::BlockQ4_K> {
-  static constexpr bool SIGNED = false, MIN = true;
+  static constexpr bool SIGNED = false, MIN = true, SCALED = false;
   template <class Sink> static inline void blocks(const uint8_t* b, Sink&& sink) {
     const float d = gguf::half_to_float(b), dmin = gguf::half_to_float(b + 2);
     const __m256i low = _mm256_set1_epi8(0xf);
@@ -173,8 +225,9 @@ template <> struct Q8Dot<gguf::BlockQ4_K> {
   }
 };
 
-template <> struct Q8Dot<gguf::BlockQ6_K> {
-  static constexpr bool SIGNED = true, MIN = false;
+template <> struct Q8Dot<gguf::BlockQ6_K> {  // u = the 6-bit q (unsigned); BIAS: the weight is q - 32
+  static constexpr bool SIGNED = false, MIN = false, SCALED = true;
+  static constexpr int BIAS = 32;
   template <class Sink> static inline void blocks(const uint8_t* b, Sink&& sink) {
     const float d = gguf::half_to_float(b + 208);
     // the 16 int8 scales as int16, two per 32-bit lane: lane i holds sc[2i] | sc[2i + 1] << 16
@@ -182,7 +235,7 @@ template <> struct Q8Dot<gguf::BlockQ6_K> {
     // sub-block j's multipliers: sc[2j] in the low 128 bits (its weights 0-15), sc[2j + 1] in the high
     const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
                                             2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-    const __m256i low = _mm256_set1_epi8(0xf), high = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
+    const __m256i low = _mm256_set1_epi8(0xf), high = _mm256_set1_epi8(0x30);
     for (int half = 0; half < 2; ++half) {  // 128 weights: ql[64 half ..], qh[32 half ..], sc[8 half ..]
       const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * half));
       const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * half));
@@ -193,7 +246,7 @@ template <> struct Q8Dot<gguf::BlockQ6_K> {
         const __m256i nib = _mm256_and_si256(k >> 1 ? _mm256_srli_epi16(ql, 4) : ql, low);
         const __m256i hi = _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * k), 4), high);
         const __m256i mult = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(j)), spread);
-        sink(j, _mm256_sub_epi8(_mm256_or_si256(nib, hi), bias), mult, d, 0.f);
+        sink(j, _mm256_or_si256(nib, hi), mult, d, 0.f);
       }
     }
   }
@@ -213,12 +266,6 @@ template <int BYTES> inline __m256 halves_8(const uint8_t* b, int at) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
 }
 
-template <> struct Q8GroupScales<gguf::BlockQ8_0> {
-  static inline void scales(const uint8_t* b, __m256& a, __m256& c) {
-    a = halves_8<gguf::BlockQ8_0::BYTES>(b, 0);
-    c = _mm256_setzero_ps();
-  }
-};
 // Formats whose weights are stored with an offset (q - ZERO): the activations' sum s scaled by -ZERO * d.
 template <class B, int ZERO> struct Q8OffsetScales {
   static inline void scales(const uint8_t* b, __m256& a, __m256& c) {
@@ -226,6 +273,16 @@ template <class B, int ZERO> struct Q8OffsetScales {
     c = _mm256_mul_ps(a, _mm256_set1_ps(-float(ZERO)));
   }
 };
+#if defined(VOXLANE_VNNI)
+template <> struct Q8GroupScales<gguf::BlockQ8_0> : Q8OffsetScales<gguf::BlockQ8_0, 128> {};  // u = q + 128
+#else
+template <> struct Q8GroupScales<gguf::BlockQ8_0> {
+  static inline void scales(const uint8_t* b, __m256& a, __m256& c) {
+    a = halves_8<gguf::BlockQ8_0::BYTES>(b, 0);
+    c = _mm256_setzero_ps();
+  }
+};
+#endif
 template <> struct Q8GroupScales<gguf::BlockQ4_0> : Q8OffsetScales<gguf::BlockQ4_0, 8> {};
 template <> struct Q8GroupScales<gguf::BlockQ4_1> {
   static inline void scales(const uint8_t* b, __m256& a, __m256& c) {
@@ -265,6 +322,48 @@ inline __m256i sum_lanes_8(const __m256i* p) {
   // lo = [p0 p1 p2 p3 (lanes 0-3) | p0 p1 p2 p3 (lanes 4-7)], hi likewise for p4..p7
   return _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31));
 }
+
+// The 8 integer dot products of a group's sub-blocks u[j] (mult[j]) with 8 consecutive Q8 blocks
+// of activations at qx: lane j = sub-block j's.
+template <class Dot> inline __m256i group_dots(const __m256i* u, const __m256i* mult, const int8_t* qx) {
+  __m256i p[8];
+  for (int j = 0; j < 8; ++j)
+    p[j] = sub_block_dot<Dot>(u[j], mult[j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + kQ8 * j)));
+  return sum_lanes_8(p);
+}
+
+#if defined(VOXLANE_VNNI) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define VOXLANE_ZMM 1
+// Formats whose sub-blocks go two at a time through 512-bit vectors: unsigned u (AVX-512 has no
+// vpsignb; only Q8_0 without VNNI is signed).
+template <class Dot> constexpr bool kZmmDots = !Dot::SIGNED;
+
+// group_dots with u2[k] (mult2[k]) = sub-blocks 2k (low half) and 2k + 1 (high half): 4 vpdpbusd
+// (or Q6_K's vpmaddubsw pairs) instead of 8, and the lanes summed by three levels of vpermt2d +
+// vpaddd (13 uops against sum_lanes_8's ~21: vphaddd is 3 uops on Intel).
+template <class Dot> inline __m256i group_dots_zmm(const __m512i* u2, const __m512i* mult2, const int8_t* qx) {
+  __m512i p[4];
+  for (int k = 0; k < 4; ++k) {
+    const __m512i x = _mm512_loadu_si512(qx + 2 * kQ8 * k);
+    if constexpr (Dot::SCALED) {
+      const __m512i pairs = _mm512_sub_epi16(_mm512_maddubs_epi16(u2[k], x),
+                                             _mm512_maddubs_epi16(_mm512_set1_epi8(Dot::BIAS), x));
+      p[k] = _mm512_madd_epi16(pairs, mult2[k]);
+    } else {
+      p[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u2[k], x);
+    }
+  }
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  auto fold = [&](__m512i a, __m512i b) {  // lane i = a's (i < 8) or b's lanes 2i, 2i + 1 summed
+    return _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, b), _mm512_permutex2var_epi32(a, odd, b));
+  };
+  // p[k]: lanes 0-7 sub-block 2k, 8-15 sub-block 2k + 1 -> 4 lanes per sub-block -> 2 per sub-block
+  const __m512i r = fold(fold(p[0], p[1]), fold(p[2], p[3]));
+  // lanes 2j, 2j + 1 of r: sub-block j; add them in the low half of each 64-bit lane, then narrow
+  return _mm512_cvtepi64_epi32(_mm512_add_epi32(r, _mm512_srli_epi64(r, 32)));
+}
+#endif
 #endif
 
 // sums[m * R + r] = dot(x row m, weight row r) for R consecutive weight rows starting at w, x as
@@ -289,22 +388,33 @@ inline void dot_rows_q8(const uint8_t* w, int64_t row_bytes, int64_t nblocks, co
       const uint8_t* wb = w + r * row_bytes + blk * B::BYTES;
       for (int line = 0; line < G * B::BYTES; line += 64)
         _mm_prefetch(reinterpret_cast<const char*>(wb + ahead + line), _MM_HINT_T0);
-      __m256i p[MB][8];
+      __m256i u[8], mult[8];
       for (int g = 0; g < G; ++g)
-        Dot::blocks(wb + g * B::BYTES, [&](int j, __m256i u, __m256i mult, float, float) {
-          const int sub = g * J + j;
-          const __m256i au = Dot::SIGNED ? _mm256_sign_epi8(u, u) : u;
-          for (int m = 0; m < MB; ++m) {
-            __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q + m * xq.K + kQ8 * (xb0 + sub)));
-            if constexpr (Dot::SIGNED) qx = _mm256_sign_epi8(qx, u);
-            p[m][sub] = _mm256_madd_epi16(_mm256_maddubs_epi16(au, qx), mult);
-          }
+        Dot::blocks(wb + g * B::BYTES, [&](int j, __m256i uj, __m256i mj, float, float) {
+          u[g * J + j] = uj;
+          mult[g * J + j] = mj;
         });
+#if defined(VOXLANE_ZMM)
+      __m512i u2[4], mult2[4];
+      if constexpr (kZmmDots<Dot>)
+        for (int k = 0; k < 4; ++k) {
+          u2[k] = _mm512_inserti64x4(_mm512_castsi256_si512(u[2 * k]), u[2 * k + 1], 1);
+          if constexpr (Dot::SCALED)
+            mult2[k] = _mm512_inserti64x4(_mm512_castsi256_si512(mult[2 * k]), mult[2 * k + 1], 1);
+        }
+#endif
       __m256 a, c;
       Q8GroupScales<B>::scales(wb, a, c);
       for (int m = 0; m < MB; ++m) {
+        const int8_t* qx = xq.q + m * xq.K + kQ8 * xb0;
+        __m256i dots;
+#if defined(VOXLANE_ZMM)
+        if constexpr (kZmmDots<Dot>) dots = group_dots_zmm<Dot>(u2, mult2, qx);
+        else
+#endif
+          dots = group_dots<Dot>(u, mult, qx);
         const __m256 dx = _mm256_loadu_ps(xq.d + m * xb_per_row + xb0);
-        acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_lanes_8(p[m])), _mm256_mul_ps(a, dx), acc[r][m]);
+        acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_mul_ps(a, dx), acc[r][m]);
         if constexpr (Dot::MIN) acc[r][m] = _mm256_fmadd_ps(c, _mm256_loadu_ps(xq.s + m * xb_per_row + xb0), acc[r][m]);
       }
     }
@@ -316,11 +426,9 @@ inline void dot_rows_q8(const uint8_t* w, int64_t row_bytes, int64_t nblocks, co
         _mm_prefetch(reinterpret_cast<const char*>(wb + ahead + line), _MM_HINT_T0);
       Dot::blocks(wb, [&](int j, __m256i u, __m256i mult, float a, float c) {
         const int64_t xb = blk * J + j;
-        const __m256i au = Dot::SIGNED ? _mm256_sign_epi8(u, u) : u;
         for (int m = 0; m < MB; ++m) {
-          __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q + m * xq.K + kQ8 * xb));
-          if constexpr (Dot::SIGNED) qx = _mm256_sign_epi8(qx, u);
-          const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(au, qx), mult);
+          const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q + m * xq.K + kQ8 * xb));
+          const __m256i dot = sub_block_dot<Dot>(u, mult, qx);
           acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(a * xq.d[m * xb_per_row + xb]), acc[r][m]);
           if constexpr (Dot::MIN) mins[r][m] += c * xq.s[m * xb_per_row + xb];
         }

@@ -62,6 +62,35 @@ def test_qwen_q8_kernels_grouped_and_tails(ops, qwen_tensors, name):
     check_q8_kernel(ops, weight, batches=(1, 2, 4, 5, 8))
 
 
+# Where each format's fp16 fields sit in its block (bytes), and the block's size.
+FP16_FIELDS = {fmt.Q8_0: ((0, 2), 34), fmt.Q4_0: ((0,), 18), fmt.Q4_1: ((0, 2), 20), fmt.Q5_0: ((0,), 22),
+               fmt.Q4_K: ((0, 2), 144), fmt.Q6_K: ((208,), 210)}
+
+
+@pytest.mark.parametrize("format", list(FP16_FIELDS), ids=lambda f: fmt.NAMES[f])
+def test_every_byte_value(ops, format):
+    """Blocks of random bytes (every quant value and scale a format can store: Q8_0's -128, Q6_K's 63
+    and -128 scales, Q5_0's 31, Q4_K's 63 scales and mins) times activations that quantize to -127 and
+    127: the largest byte products the integer paths see (VNNI reads Q8_0 as q + 128 up to 255;
+    Q6_K's pairs are formed before its 16-bit scales). A product that saturated an int16 pair or
+    wrapped a byte would be off by thousands; these equal the exact product of the file's values."""
+    fields, size = FP16_FIELDS[format]
+    qk = fmt.GEOMETRY[format][0]
+    g = torch.Generator().manual_seed(format)
+    K, N = (2048 if qk == 256 else 59 * 32), 24  # 32-weight formats: 7 groups of 8 blocks and a tail of 3
+    blocks = torch.randint(0, 256, (N, K // qk, size), generator=g, dtype=torch.uint8)
+    for at in fields:  # finite scales: +-0.5 (Q4_1's m and Q4_K's dmin too)
+        sign = torch.where(torch.rand(N, K // qk, generator=g) < 0.5, -0.5, 0.5)
+        blocks[:, :, at: at + 2] = sign.to(torch.float16).view(torch.uint8).reshape(N, K // qk, 2)
+    weight = QuantWeight(format, blocks.reshape(N, -1).contiguous(), K)
+    x = torch.where(torch.rand(3, K, generator=g) < 0.5, -1.0, 1.0)
+    x[1] = 1.0
+    exact = x.double() @ weight.dequantize().double().T  # +-1 quantize exactly: d = 1 / 127, q = +-127
+    got = ops.quant_linear_q8(x, weight.blocks, format, K, None)
+    assert (got.double() - exact).abs().max().item() < 1e-5 * exact.abs().max().item()
+    check_q8_kernel(ops, weight)
+
+
 def test_q8_kernel_refuses_formats_without_an_integer_path(ops):
     with pytest.raises(RuntimeError, match="no int8-activation path"):
         ops.quant_linear_q8(torch.zeros(1, 32), torch.zeros(4, 128, dtype=torch.uint8), fmt.F32, 32, None)
