@@ -7,7 +7,7 @@ import json
 import numpy as np
 
 from bench.turn_set import SENTENCES, cut_point, insert_pause, synthesize
-from bench.turns import mode_report
+from bench.turns import end_outcome, mode_report
 from bench.wer import wer
 
 
@@ -40,6 +40,20 @@ def test_the_report_counts_cuts_on_paused_items_and_missed_ends_on_complete_ones
     assert (report["false_cuts"], report["paused_items"], report["false_cut_rate"]) == (1, 2, 0.5)
     assert (report["missed_ends"], report["late_verdicts"], report["complete_items"], report["unanswered"]) == (1, 1, 3, 1)
     assert report["voice_to_voice_ms"]["n"] == 2
+
+
+def test_a_finished_question_judged_unfinished_is_a_missed_end_whatever_the_wall_clock_says():
+    from pipeline.persona.persona import Endpointing
+
+    semantic = Endpointing(mode="semantic", short_silence_ms=200, long_silence_ms=1600, threshold=0.5)
+    # judged unfinished, but the input had stalled: the wall clock says it ended after 1308 ms
+    assert end_outcome(True, semantic, 1308.3, 0.2513) == (True, False)
+    assert end_outcome(True, semantic, 230.0, 0.97) == (False, False)  # judged finished, ended short
+    assert end_outcome(True, semantic, 1650.0, 0.97) == (True, True)  # judged finished too late
+    assert end_outcome(True, semantic, 1650.0, None) == (True, False)  # no verdict: the long silence
+    assert end_outcome(False, semantic, 1650.0, 0.1) == (False, False)  # a paused item has no end to miss
+    silence = Endpointing(mode="silence", silence_ms=500)
+    assert end_outcome(True, silence, 520.0, None) == (False, False)
 
 
 def test_bench_turns_runs_end_to_end_on_one_sentence(capsys):
