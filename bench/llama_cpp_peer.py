@@ -101,6 +101,14 @@ class OurEngine:
         self.engine.close()
 
 
+def failure(error: subprocess.CalledProcessError) -> str:
+    """Why a llama.cpp tool gave no figure: its signal or exit code, and its last words."""
+    code = error.returncode
+    how = f"died of signal {-code}" if code < 0 else f"exited with {code}"
+    last = (error.stderr or "").strip().splitlines()[-1:] or [""]
+    return f"{Path(error.cmd[0]).name} {how}" + (f": {last[0][:200]}" if last[0] else "")
+
+
 def _median(values: list[float]) -> float:
     values = sorted(values)
     mid = len(values) // 2
@@ -122,13 +130,23 @@ def compare(model_dir: Path, gguf: Path, settings, quant: str = "native", log=No
         f"batch{b}_tok_s": (ours.batch_tok_s, lambda seed: llama_batched(tools, gguf, t, TTFT_PROMPT, n, b)),
     }
     figures: dict[str, dict[str, list[float]]] = {"ours": {}, "llama.cpp": {}}
+    errors: dict[str, str] = {}  # a row llama.cpp could not run (e.g. it crashed): no figure, the reason
     load_start = os.getloadavg()[0]
     try:
         for name, (mine, theirs) in measures.items():
             mine(0)  # warm-up: the engine's first run of a shape
             for r in range(settings.runs):
                 for side, measure in (("ours", mine), ("llama.cpp", theirs)):
-                    figures[side].setdefault(name, []).append(measure(r + 1))
+                    if side == "llama.cpp" and name in errors:
+                        continue
+                    try:
+                        figures[side].setdefault(name, []).append(measure(r + 1))
+                    except subprocess.CalledProcessError as error:  # the peer's fault: this row only
+                        errors[name] = failure(error)
+                        figures[side].pop(name, None)
+                        if log:
+                            print(f"[peer] {name} {side}: no figure ({errors[name]})", file=log, flush=True)
+                        continue
                     if log:
                         print(f"[peer] {name} {side}: {figures[side][name][-1]:.1f} (load "
                               f"{os.getloadavg()[0]:.1f})", file=log, flush=True)
@@ -137,9 +155,10 @@ def compare(model_dir: Path, gguf: Path, settings, quant: str = "native", log=No
     result = {side: {k: _median(v) for k, v in values.items()} for side, values in figures.items()}
     ratios = {}
     for name in measures:
-        a, theirs = result["ours"][name], result["llama.cpp"][name]
-        ratios[name] = round(theirs / a if name == "ttft_ms" else a / theirs, 2)  # > 1: ours is better
-    return {**result, "samples": figures, "ratios": ratios, "load_avg": [round(load_start, 2),
+        a, theirs = result["ours"][name], result["llama.cpp"].get(name)
+        ratios[name] = None if theirs is None else \
+            round(theirs / a if name == "ttft_ms" else a / theirs, 2)  # > 1: ours is better
+    return {**result, "samples": figures, "ratios": ratios, "errors": errors, "load_avg": [round(load_start, 2),
                                                                          round(os.getloadavg()[0], 2)],
             "gguf": gguf.name, "quant": quant + (", int8 activations" if int8_activations else "")}
 
@@ -152,6 +171,10 @@ def format_peer(result: dict, settings) -> str:
              "|---|---:|---:|---:|"]
     for key, ratio in result["ratios"].items():
         label = names.get(key, f"batch {settings.batch} aggregate tok/s (prefills included)")
+        if ratio is None:
+            reason = result.get("errors", {}).get(key, "no figure")
+            lines.append(f"| {label} | {result['ours'][key]:.1f} | none: {reason} | - |")
+            continue
         lines.append(f"| {label} | {result['ours'][key]:.1f} | {result['llama.cpp'][key]:.1f} | {ratio:.2f}x |")
     lines.append("")
     lines.append(f"Alternating ours / llama.cpp, median of {settings.runs} rounds after a warm-up, {settings.threads} "

@@ -79,3 +79,26 @@ def test_compare_measures_our_engine_against_the_tools_alternating(monkeypatch, 
     ours, theirs = result["ours"]["ttft_ms"], result["llama.cpp"]["ttft_ms"]
     assert result["ratios"]["ttft_ms"] == round(theirs / ours, 2)
     assert [len(v) for v in result["samples"]["ours"].values()] == [1, 1, 1, 1]
+
+
+def test_a_row_the_peer_crashes_on_is_reported_and_the_others_are_measured(monkeypatch, tmp_path, smollm2_dir):
+    """llama-bench died of SIGSEGV on prompt processing (this AMX machine's native build): that row has
+    no llama.cpp figure and says why; decode and the batch row are still compared."""
+    from bench.engine_rows import BenchSettings
+    from engine.native_weights import native_gguf_path
+
+    script = tmp_path / "llama-bench"  # prints a result for -p 0, crashes like the real one for -p N
+    script.write_text("#!/bin/sh\nif [ \"$4\" != 0 ]; then echo 'repack: AMX tile' >&2; kill -SEGV $$; fi\n"
+                      f"cat <<'EOF'\n{json.dumps(LLAMA_BENCH_JSON)}\nEOF\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    fake_tool(tmp_path, "llama-batched-bench", BATCHED_JSONL)
+    monkeypatch.setattr(llama_cpp_peer, "build_llama_cpp", lambda: tmp_path)
+    monkeypatch.setattr(llama_cpp_peer, "PREFILL_PROMPT", 64)
+    settings = BenchSettings(tokens=4, runs=2, batch=2, threads=2)
+    result = llama_cpp_peer.compare(smollm2_dir, native_gguf_path(smollm2_dir), settings)
+    assert set(result["llama.cpp"]) == {"decode_tok_s", "batch2_tok_s"}
+    assert result["ratios"]["ttft_ms"] is None and result["ratios"]["decode_tok_s"] > 0
+    assert result["errors"]["ttft_ms"] == "llama-bench died of signal 11: repack: AMX tile"
+    assert len(result["samples"]["ours"]["ttft_ms"]) == 2  # ours is still measured every round
+    table = llama_cpp_peer.format_peer(result, settings)
+    assert "| TTFT ms, 43-token prompt |" in table and "none: llama-bench died of signal 11" in table
