@@ -24,14 +24,12 @@ class StreamsKept:
         self.backend, self.generations = backend, []
 
     def generate(self, messages, sampling, session=None):
-        return self._kept(messages, self.backend.generate(messages, sampling, session))
+        self.generations.append((messages, self.backend.generate(messages, sampling, session)))
+        return self.generations[-1][1]
 
     def generate_held(self, messages, sampling, session, hold_after):
-        return self._kept(messages, self.backend.generate_held(messages, sampling, session, hold_after))
-
-    def _kept(self, messages, generation):
-        self.generations.append((messages, generation))
-        return generation
+        self.generations.append((messages, self.backend.generate_held(messages, sampling, session, hold_after)))
+        return self.generations[-1][1]
 
     def __getattr__(self, name):
         return getattr(self.backend, name)
