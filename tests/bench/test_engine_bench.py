@@ -22,11 +22,6 @@ def test_bench_quick_json(capsys):
     print(bench.format_table(result))
     rows = {r["name"]: r for r in result["rows"]}
     assert rows["+ INT8"]["weights_mb"] <= 0.35 * rows["baseline (no KV cache)"]["weights_mb"]  # fp32 weights there
-    # INT8 with its KV cache against recomputing the sequence for every token, in the same run:
-    # measured here on this setting 28x at load average 20 (the baseline suffers most from a busy
-    # machine); a decode that recomputed the sequence would sit near 1.
-    int8_vs_no_cache = rows["+ INT8"]["tok_s_stream"] / rows["baseline (no KV cache)"]["tok_s_stream"]
-    assert int8_vs_no_cache > 1.5, int8_vs_no_cache
     # Batching as a count: 8 streams decode together, ~8 new tokens per engine step against ~1 for
     # one stream; a scheduler that ran one stream at a time would give 1. (Not the wall-clock
     # aggregate: at load average 20 on these 2 cores it measured 0.53x and 0.99x batch 1, against

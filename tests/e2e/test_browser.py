@@ -201,7 +201,7 @@ def test_browser_hands_free_barge_in_by_voice(server, playwright, smollm2_dir, t
     espeak, sox = need_command("espeak-ng"), need_command("sox")
     raw1, raw2, wav = tmp_path / "q1.wav", tmp_path / "q2.wav", tmp_path / "both.wav"
     subprocess.run([espeak, "-s", "150", "-w", str(raw1), "Tell me a long story about a dragon."], check=True)
-    subprocess.run([espeak, "-s", "150", "-w", str(raw2), "Stop. What is the capital of Spain?"], check=True)
+    subprocess.run([espeak, "-s", "150", "-w", str(raw2), "And what is the capital of Spain?"], check=True)
     padded = tmp_path / "q1-padded.wav"
     subprocess.run([sox, str(raw1), str(padded), "pad", "0.5", "8.0"], check=True)
     subprocess.run([sox, str(padded), str(raw2), "-r", "48000", "-c", "1", "-b", "16", str(wav), "pad", "0", "40"],
