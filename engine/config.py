@@ -1,10 +1,10 @@
 """``EngineConfig``: every knob of the engine, with defaults and validation."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 DTYPES = ("float32", "bfloat16")
-QUANTS = ("none", "int8", "native")
+QUANTS = ("auto", "none", "int8", "native")
 
 
 @dataclass(frozen=True)
@@ -17,8 +17,10 @@ class EngineConfig:
 
     dtype: str = "float32"  # activations and KV cache: "float32" | "bfloat16"
     # weights: "none" (fp32) | "int8" (weight-only, per-output-channel scales) | "native" (the GGUF's
-    # own quantized blocks, engine.native_weights; needs the model's GGUF and fp32 activations)
-    quant: str = "int8"
+    # own quantized blocks, engine.native_weights; needs the model's GGUF and fp32 activations) |
+    # "auto": the model's measured best, chosen by whoever knows the model (the app's model store,
+    # app/backends.py); the engine on its own reads it as "int8"
+    quant: str = "auto"
     # native only: the GGUF blocks' matmuls quantize each activation row to Q8 blocks of 32 and
     # multiply in integers, as llama.cpp does (engine/q8_matmul.h); false: fp32 activations
     int8_activations: bool = False
@@ -41,7 +43,7 @@ class EngineConfig:
             raise ValueError(f"quant: 'native' runs with float32 activations, got dtype {self.dtype!r}")
         if self.int8_activations not in (True, False):
             raise ValueError(f"int8_activations: must be true or false, got {self.int8_activations!r}")
-        if self.int8_activations and self.quant != "native":
+        if self.int8_activations and self.quant != "native":  # with "auto" the model chooses them
             raise ValueError(f"int8_activations: needs quant 'native' (the GGUF's block formats), got {self.quant!r}")
         if not 1 <= self.max_batch_size <= 256:
             raise ValueError(f"max_batch_size: must be in [1, 256], got {self.max_batch_size}")
@@ -62,6 +64,16 @@ class EngineConfig:
         for name in ("compile", "kernels"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
+
+    def with_weights(self, quant: str, int8_activations: bool) -> "EngineConfig":
+        """This config with ``quant="auto"`` made the given weight setting (a model's measured best);
+        any other ``quant`` is the user's choice and stays. Native blocks need float32 activations,
+        so with ``dtype="bfloat16"`` auto means int8."""
+        if self.quant != "auto":
+            return self
+        if quant == "native" and self.dtype != "float32":
+            quant, int8_activations = "int8", False
+        return replace(self, quant=quant, int8_activations=int8_activations)
 
     @property
     def torch_dtype(self):

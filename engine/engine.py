@@ -71,7 +71,8 @@ class LLMEngine:
     """Our engine on one model directory (HF safetensors or .gguf) with an ``EngineConfig``."""
 
     def __init__(self, model_path: str | Path, config: EngineConfig | None = None, *, background: bool = True):
-        self.config = config or EngineConfig()
+        # "auto" with nobody who knows the model to choose (app/backends.py does): int8
+        self.config = (config or EngineConfig()).with_weights("int8", False)
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
         self.num_threads = torch.get_num_threads()
