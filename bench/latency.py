@@ -34,6 +34,7 @@ QUESTIONS = (
     "What is your name?",
     "Give me a tip for sleeping better.",
 )
+REUSED = ("asr_final_reused", "text_probe_reused", "early_answer_adopted")  # work ready at the pause (counts)
 STAGES = ("turn_end_detected", "asr_final", "llm_first_token", "first_chunk_ready", "first_audio_ready",
           "first_audio_out")
 
@@ -72,7 +73,7 @@ def turn_figures(turn, text: str) -> dict:
     errors, num_words = word_errors(text, turn.user)
     counts = turn.waterfall.get("counts", {})
     return {"question": text, "heard": turn.user, "voice_to_voice_ms": turn.voice_to_voice_ms, "ms": ms,
-            "reused": {name: bool(counts.get(name)) for name in ("asr_final_reused", "text_probe_reused", "early_answer_adopted")},
+            "reused": {name: bool(counts.get(name)) for name in REUSED},
             "word_errors": errors, "words": num_words, "early_asr": "asr_final" in ms and
             ms.get("asr_final", 0) < ms.get("turn_end_detected", 0)}
 
@@ -160,7 +161,7 @@ def report(turns: list[dict], barge: dict, args, config) -> dict:
     v2v = [t["voice_to_voice_ms"] for t in turns if t["voice_to_voice_ms"] is not None]
     stages = {name: summary([t["ms"][name] for t in turns if name in t["ms"]]) for name in STAGES}
     errors, words = sum(t["word_errors"] for t in turns), sum(t["words"] for t in turns)
-    reused = {name: sum(t["reused"][name] for t in turns) for name in ("asr_final_reused", "text_probe_reused", "early_answer_adopted")}
+    reused = {name: sum(t["reused"][name] for t in turns) for name in REUSED}
     return {"conditions": {"load_average": [round(x, 2) for x in os.getloadavg()], "cpu_count": os.cpu_count(),
                            "asr": config.models.asr, "llm": config.models.llm, "llm_backend": config.llm.backend,
                            "max_tokens": args.max_tokens, "partials": config.pipeline.asr.is_partial_enabled,

@@ -22,6 +22,6 @@ class EarlyAnswer:
     sampling: SamplingParams
     completion: Completion  # on our engine held after its first tokens until adopted (released)
 
-    def answers(self, gen: int, text: str, messages: list[dict], sampling: SamplingParams) -> bool:
-        """Whether this request is exactly the answer the final transcript would ask for."""
-        return (self.gen, self.text, self.messages, self.sampling) == (gen, text, messages, sampling)
+    def answers(self, messages: list[dict], sampling: SamplingParams) -> bool:
+        """Whether this request (to the final's words) is exactly the answer the final would ask for."""
+        return (self.messages, self.sampling) == (messages, sampling)

@@ -108,7 +108,7 @@ class LLMStage(Stage):
     def process(self, frame: Frame) -> Iterable[Frame]:
         if isinstance(frame, Transcript) and not frame.is_final:
             yield frame  # shown at once; then its words go into the KV cache while the user speaks on
-            if self._keeps_early_answer(frame.gen, frame.text):
+            if self._early_answer_to(frame.gen, frame.text) is not None:
                 return  # the same words again: their answer is already being written
             if not (frame.is_at_silence and self._answer_probes(self.persona())):
                 self._prefill_partial(frame.gen, frame.text)  # (the final's answer comes next and probes)
@@ -116,11 +116,11 @@ class LLMStage(Stage):
                     self._start_early_answer(frame.gen, frame.text)
         elif isinstance(frame, Transcript) and frame.is_final:
             yield frame
-            self._keeps_early_answer(frame.gen, frame.text)  # other words: cancelled before any probe
+            self._early_answer_to(frame.gen, frame.text)  # one to other words is cancelled before any probe
             words = self._probe_end_of_turn(frame.gen, frame.text, frame.avg_logprob)
             yield from self._answer(frame.gen, frame.text, words, frame.avg_logprob)
         elif isinstance(frame, TextIn):
-            self._take_early_answer(frame.gen, "", [], None)  # (cancels one, if any)
+            self._early_answer_to(frame.gen, None)  # (cancels one, if any)
             self.book.mark(frame.gen, "text_in")
             yield Transcript(gen=frame.gen, text=frame.text, is_final=True)
             yield from self._answer(frame.gen, frame.text)
@@ -153,18 +153,19 @@ class LLMStage(Stage):
         except Exception:
             log.warning("prefilling a partial transcript failed", exc_info=True)
 
-    def _keeps_early_answer(self, gen: int, text: str) -> bool:
-        """Whether the early answer already answers this partial; if it answers other words, it is
-        cancelled (before this partial's probe: the session's slot is free for it)."""
+    def _early_answer_to(self, gen: int, text: str | None, take: bool = False) -> EarlyAnswer | None:
+        """The early answer being written to these words of turn ``gen`` (``take``: it is this
+        turn's request now, no longer the stage's to cancel). One to other words (or any, for
+        ``text`` None) is cancelled, before whatever the caller submits next: the session's slot is
+        then free for it."""
         with self._lock:
             early = self._early
-            if early is None:
-                return False
-            if (early.gen, early.text) == (gen, text):
-                return True
-            early.completion.cancel()
-            self._early = None
-            return False
+            if early is not None and (early.gen, early.text) != (gen, text):
+                early.completion.cancel()
+                early = self._early = None
+            if take:
+                self._early = None
+            return early
 
     def _start_early_answer(self, gen: int, text: str) -> None:
         """Submit the answer to this partial now when its words, just probed, read as a finished
@@ -190,21 +191,20 @@ class LLMStage(Stage):
             self._early = EarlyAnswer(gen, text, messages, persona.sampling, completion)
         self.book.add(gen, "early_answers", 1)
 
-    def _take_early_answer(self, gen: int, text: str, messages: list[dict],
-                           sampling: SamplingParams | None) -> Completion | None:
-        """The early answer if it is exactly this turn's answer (it is then the turn's request);
-        any other is cancelled."""
-        with self._lock:
-            early, self._early = self._early, None
+    def _adopt_early_answer(self, gen: int, text: str, messages: list[dict],
+                            sampling: SamplingParams) -> Completion | None:
+        """The early answer if it is exactly this turn's answer (it is then the turn's request, and
+        writes on); any other is cancelled."""
+        early = self._early_answer_to(gen, text, take=True)
         if early is None:
             return None
-        if early.answers(gen, text, messages, sampling):
-            release = getattr(early.completion, "release", None)
-            if release is not None:
-                release()  # wanted now: it writes on
-            return early.completion
-        early.completion.cancel()
-        return None
+        if not early.answers(messages, sampling):
+            early.completion.cancel()
+            return None
+        release = getattr(early.completion, "release", None)
+        if release is not None:
+            release()  # wanted now: it writes on
+        return early.completion
 
     def _probes_words(self, persona: Persona) -> bool:
         return self.endpointer is not None and self.endpointer.can_probe_text and \
@@ -288,7 +288,7 @@ class LLMStage(Stage):
         self.history.begin(gen, user)
         chunker = SpeakableChunker(self.chunker_config, persona.speech)
         self.book.mark(gen, "llm_request")
-        completion, on_end = self._take_early_answer(gen, user, messages, persona.sampling), lambda: None
+        completion, on_end = self._adopt_early_answer(gen, user, messages, persona.sampling), lambda: None
         if completion is not None:
             self.book.set(gen, "early_answer_adopted", 1)
         else:

@@ -24,12 +24,14 @@ class StreamsKept:
         self.backend, self.generations = backend, []
 
     def generate(self, messages, sampling, session=None):
-        self.generations.append((messages, self.backend.generate(messages, sampling, session)))
-        return self.generations[-1][1]
+        return self._kept(messages, self.backend.generate(messages, sampling, session))
 
     def generate_held(self, messages, sampling, session, hold_after):
-        self.generations.append((messages, self.backend.generate_held(messages, sampling, session, hold_after)))
-        return self.generations[-1][1]
+        return self._kept(messages, self.backend.generate_held(messages, sampling, session, hold_after))
+
+    def _kept(self, messages, generation):
+        self.generations.append((messages, generation))
+        return generation
 
     def __getattr__(self, name):
         return getattr(self.backend, name)
