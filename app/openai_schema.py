@@ -48,6 +48,9 @@ class ChatRequest(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0, le=1_000_000)
     repetition_penalty: float = Field(default=1.0, ge=0.5, le=2.0)
+    dry_multiplier: float = Field(default=0.0, ge=0.0, le=5.0)  # DRY, as llama.cpp's server names it
+    dry_base: float = Field(default=1.75, ge=1.0, le=4.0)
+    dry_allowed_length: int = Field(default=2, ge=1, le=32)
     seed: int | None = Field(default=None, ge=0, lt=MAX_SEED)
     stop: str | list[str] | None = None
     user: str | None = Field(default=None, max_length=256)  # OpenAI's end-user id: nothing to do with it
@@ -86,7 +89,9 @@ class ChatRequest(BaseModel):
         wanted = self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS
         try:
             return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                                  repetition_penalty=self.repetition_penalty, max_tokens=max(1, min(wanted, max_tokens_cap)),
+                                  repetition_penalty=self.repetition_penalty, dry_multiplier=self.dry_multiplier,
+                                  dry_base=self.dry_base, dry_allowed_length=self.dry_allowed_length,
+                                  max_tokens=max(1, min(wanted, max_tokens_cap)),
                                   seed=self.seed, stop=tuple(self.stops))
         except ValueError as error:  # "field: message"
             field, _, message = str(error).partition(": ")

@@ -1,7 +1,7 @@
 """``Sampler``: picks the next token of every sequence in a batch, each with its own settings.
 
 Greedy batches (the common voice case at temperature 0) take one ``argmax``; otherwise each row gets
-repetition penalty, temperature, top-k and top-p, and draws from its own seeded generator, so a
+repetition penalty, DRY, temperature, top-k and top-p, and draws from its own seeded generator, so a
 seeded request produces the same tokens whatever else shares its batch.
 """
 from __future__ import annotations
@@ -20,6 +20,28 @@ def apply_repetition_penalty(logits: Tensor, seen_ids: list[int], penalty: float
     ids = torch.tensor(sorted(set(seen_ids)))
     picked = logits[ids]
     logits[ids] = torch.where(picked > 0, picked / penalty, picked * penalty)
+    return logits
+
+
+def apply_dry_penalty(logits: Tensor, output_ids: list[int], p: SamplingParams) -> Tensor:
+    """DRY over the output ids (SamplingParams.dry_*): for each earlier position i, the run of tokens
+    ending at i that equals the run ending at the last token (its length L), and the token that came
+    after it then, ``output_ids[i + 1]``, which would repeat the run once more: that token loses
+    ``multiplier * base ** (L - allowed_length)`` when L >= allowed_length (its longest run counts).
+    O(len(output_ids) x run length) per step: a few hundred comparisons for a spoken answer."""
+    if p.dry_multiplier == 0.0 or len(output_ids) < 2:
+        return logits
+    ids, last = output_ids, len(output_ids) - 1
+    longest: dict[int, int] = {}
+    for i in range(last):  # i < last: the token after i is in the output
+        run = 0
+        while run <= i and ids[i - run] == ids[last - run]:
+            run += 1
+        if run >= p.dry_allowed_length:
+            following = ids[i + 1]
+            longest[following] = max(longest.get(following, 0), run)
+    for token, run in longest.items():
+        logits[token] -= p.dry_multiplier * p.dry_base ** (run - p.dry_allowed_length)
     return logits
 
 
@@ -56,13 +78,15 @@ class Sampler:
 
     def sample(self, logits: Tensor, seqs: list[Sequence]) -> list[int]:
         """logits [B, V] float32 -> one token id per sequence (row)."""
-        if all(s.sampling.is_greedy and s.sampling.repetition_penalty == 1.0 for s in seqs):
+        if all(s.sampling.is_greedy and s.sampling.is_plain for s in seqs):
             return logits.argmax(-1).tolist()
-        return [self._sample_row(logits[i], s.sampling, s.id, s.all_ids if s.sampling.repetition_penalty != 1.0 else [])
-                for i, s in enumerate(seqs)]
+        return [self._sample_row(logits[i], s) for i, s in enumerate(seqs)]
 
-    def _sample_row(self, logits: Tensor, p: SamplingParams, seq_id: int, seen_ids: list[int]) -> int:
-        logits = apply_repetition_penalty(logits.clone(), seen_ids, p.repetition_penalty)
+    def _sample_row(self, logits: Tensor, seq: Sequence) -> int:
+        p, seq_id = seq.sampling, seq.id
+        logits = apply_repetition_penalty(logits.clone(), seq.all_ids if p.repetition_penalty != 1.0 else [],
+                                          p.repetition_penalty)
+        logits = apply_dry_penalty(logits, seq.output_ids, p)
         if p.is_greedy:
             return int(logits.argmax())
         logits = filter_top_k_top_p(logits / p.temperature, p.top_k, p.top_p)

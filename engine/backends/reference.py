@@ -25,6 +25,20 @@ class _CancelCriteria:
         return self.cancelled.is_set()
 
 
+class _DryPenalty:
+    """Our engine's DRY penalty (engine.sampler.apply_dry_penalty) as a transformers logits processor:
+    input_ids [1, prompt + output], scores [1, V]; over the output ids only, as in the engine."""
+
+    def __init__(self, sampling: SamplingParams, prompt_length: int):
+        self.sampling, self.prompt_length = sampling, prompt_length
+
+    def __call__(self, input_ids, scores):
+        from engine.sampler import apply_dry_penalty
+
+        apply_dry_penalty(scores[0], input_ids[0, self.prompt_length:].tolist(), self.sampling)
+        return scores
+
+
 class ReferenceCompletion:
     """A streaming answer from ``generate`` running on its own thread."""
 
@@ -46,6 +60,10 @@ class ReferenceCompletion:
             pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
             repetition_penalty=sampling.repetition_penalty,
         )
+        if sampling.dry_multiplier:
+            from transformers import LogitsProcessorList
+
+            kwargs.update(logits_processor=LogitsProcessorList([_DryPenalty(sampling, len(ids))]))
         if sampling.is_greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         else:

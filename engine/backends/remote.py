@@ -147,6 +147,9 @@ class RemoteBackend:
             body["top_k"] = sampling.top_k  # vLLM, llama.cpp and Voxlane accept it; OpenAI ignores it
         if sampling.repetition_penalty != 1.0:
             body["repetition_penalty"] = sampling.repetition_penalty
+        if sampling.dry_multiplier:  # llama.cpp's server and Voxlane apply DRY; others ignore the keys
+            body.update(dry_multiplier=sampling.dry_multiplier, dry_base=sampling.dry_base,
+                        dry_allowed_length=sampling.dry_allowed_length)
         if sampling.stop:
             body["stop"] = list(sampling.stop)[:4]
         return body

@@ -91,6 +91,8 @@ def test_a_client_that_leaves_cancels_its_generation(api, stream):
     ({"max_tokens": 0}, "max_tokens"),
     ({"repetition_penalty": 5}, "repetition_penalty"),
     ({"top_k": -1}, "top_k"),
+    ({"dry_multiplier": 9}, "dry_multiplier"),
+    ({"dry_allowed_length": 0}, "dry_allowed_length"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"stop": "x" * 65}, "stop"),
     ({"n": 2}, "n"),

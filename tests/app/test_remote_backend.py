@@ -58,6 +58,17 @@ def test_streams_a_real_answer_from_voxlanes_own_api(voxlane_v1):
     backend.close()
 
 
+def test_dry_settings_reach_the_server(voxlane_v1):
+    """DRY goes out under llama.cpp's server's names, and Voxlane's own /v1 takes them."""
+    dry = SamplingParams(temperature=0.0, max_tokens=24, dry_multiplier=0.8, dry_base=2.0, dry_allowed_length=3)
+    backend = RemoteBackend(RemoteSettings(voxlane_v1, "smollm2-135m-instruct"))
+    body = backend.request_body(QUESTION, dry)
+    assert (body["dry_multiplier"], body["dry_base"], body["dry_allowed_length"]) == (0.8, 2.0, 3)
+    assert "dry_multiplier" not in backend.request_body(QUESTION, GREEDY)  # off: nothing a server may refuse
+    assert "Paris" in "".join(backend.generate(QUESTION, dry))
+    backend.close()
+
+
 def test_non_streaming_and_models_endpoints(voxlane_v1):
     models = httpx.get(f"{voxlane_v1}/models").json()
     assert models["data"][0]["id"] == "smollm2-135m-instruct"
