@@ -109,7 +109,7 @@ class LLMEngine:
                                 self.config.num_shared_prefixes)
         self.runner = ModelRunner(self.model, self.kv_cache, self.sampler, compile=self.config.compile)
         self.scheduler = Scheduler(self.kv_cache, self.config.max_batch_size, self.config.prefill_chunk_tokens)
-        self.outputs = OutputProcessor(self.tokenizer, self.eos_ids, self.max_seq_len, self.cancel, self.release)
+        self.outputs = OutputProcessor(self.tokenizer, self.eos_ids, self.max_seq_len, self.cancel, self.hold)
 
     def _load_weights(self, model_path: str | Path, kernels, dtype: torch.dtype, max_seq_len: int) -> None:
         """``self.model``: the GGUF's blocks as stored (quant native), the int8 checkpoint by memory
@@ -185,9 +185,15 @@ class LLMEngine:
         """End a request at the next step and free its slot (a finished request: no effect)."""
         self.inbox.put_cancel(request_id)
 
+    def hold(self, request_id: int, held: bool = True) -> None:
+        """Held, a request writes no more tokens after the next step's (keeping its slot, costing no
+        step) until it is released (``held=False``): e.g. while the first words' audio is made, so
+        that synthesis has the CPU. A request submitted with ``hold_after`` is released the same way."""
+        self.inbox.put_hold(request_id, held)
+
     def release(self, request_id: int) -> None:
-        """A request submitted with ``hold_after`` is decoded on from the next step."""
-        self.inbox.put_release(request_id)
+        """A held request is decoded on from the next step."""
+        self.hold(request_id, False)
 
     def generate(self, prompt: Prompt, sampling: SamplingParams | None = None, session: str | None = None) -> str:
         """Blocking convenience: the whole answer (steps itself when there is no background thread)."""
@@ -286,7 +292,7 @@ class LLMEngine:
 
     def _take_inbox(self) -> bool:
         """Applies what other threads handed in; returns whether there was anything."""
-        arrived, cancels, releases, drops, prefixes = taken = self.inbox.take()
+        arrived, cancels, holds, drops, prefixes = taken = self.inbox.take()
         for session, done in drops:
             self.kv_cache.drop_session(session)
             done.set()
@@ -300,8 +306,8 @@ class LLMEngine:
         for request_id in cancels:
             if self.outputs.is_open(request_id):
                 self.scheduler.cancel(request_id)
-        for request_id in releases:
-            self.scheduler.release(request_id)
+        for request_id, held in holds:
+            self.scheduler.set_held(request_id, held)
         return any(taken)
 
     def _prefill_shared_prefix(self, ids: list[int]) -> None:

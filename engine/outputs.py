@@ -47,17 +47,17 @@ class OutputProcessor:
     """Token ids -> text deltas on each request's stream, and the reason a sequence finishes."""
 
     def __init__(self, tokenizer, eos_ids: set[int], max_seq_len: int, cancel: Callable[[int], None],
-                 release: Callable[[int], None] | None = None):
+                 hold: Callable[[int, bool], None] | None = None):
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
         self.max_seq_len = max_seq_len
         self._cancel = cancel  # what a stream's cancel() calls: the engine's, through its inbox
-        self._release = release  # what a stream's release() calls (LLMEngine.release)
+        self._hold = hold  # what a stream's hold() and release() call (LLMEngine.hold)
         self._outputs: dict[int, _Output] = {}
 
     def open(self, seq: Sequence, ignore_eos: bool = False) -> TokenStream:
         """The stream of a new request."""
-        stream = TokenStream(seq.id, self._cancel, self._release)
+        stream = TokenStream(seq.id, self._cancel, self._hold)
         stream.prompt_tokens = len(seq.prompt_ids)
         self._outputs[seq.id] = _Output(stream, IncrementalDetokenizer(self.tokenizer, seq.prompt_ids),
                                         StopStringFilter(seq.sampling.stop), ignore_eos)

@@ -50,11 +50,12 @@ class Scheduler:
         """Takes effect at the next ``schedule()``: the sequence ends and its slot is released."""
         self._cancel_requested.add(seq_id)
 
-    def release(self, seq_id: int) -> None:
-        """A held sequence (``Sequence.hold_after``) is decoded again from the next step."""
+    def set_held(self, seq_id: int, held: bool) -> None:
+        """Held: the sequence is not decoded after the tokens it has written (``Sequence.hold_after``),
+        keeping its slot; not held: it is decoded again from the next step."""
         for seq in (*self.waiting, *self.running):
             if seq.id == seq_id:
-                seq.hold_after = None
+                seq.hold_after = max(len(seq.output_ids), 1) if held else None
 
     @property
     def has_work(self) -> bool:

@@ -22,7 +22,7 @@ class Inbox:
         self.closed = False
         self._sequences: deque[Sequence] = deque()
         self._cancels: list[int] = []
-        self._releases: list[int] = []
+        self._holds: list[tuple[int, bool]] = []  # (request, held), in the order asked
         self._session_drops: list[tuple[str, threading.Event]] = []
         self._shared_prefixes: list[tuple[list[int], threading.Event]] = []
 
@@ -38,9 +38,9 @@ class Inbox:
             self._cancels.append(seq_id)
             self.lock.notify()
 
-    def put_release(self, seq_id: int) -> None:
+    def put_hold(self, seq_id: int, held: bool) -> None:
         with self.lock:
-            self._releases.append(seq_id)
+            self._holds.append((seq_id, held))
             self.lock.notify()
 
     def put_session_drop(self, session: str) -> threading.Event:
@@ -59,13 +59,13 @@ class Inbox:
             self.lock.notify()
         return done
 
-    def take(self) -> tuple[list[Sequence], list[int], list[int], list[tuple[str, threading.Event]],
+    def take(self) -> tuple[list[Sequence], list[int], list[tuple[int, bool]], list[tuple[str, threading.Event]],
                             list[tuple[list[int], threading.Event]]]:
-        """Everything handed in since the last call: (sequences, cancels, releases, session drops,
+        """Everything handed in since the last call: (sequences, cancels, holds, session drops,
         shared prefixes)."""
         with self.lock:
-            taken = list(self._sequences), self._cancels, self._releases, self._session_drops, self._shared_prefixes
-            self._sequences, self._cancels, self._releases = deque(), [], []
+            taken = list(self._sequences), self._cancels, self._holds, self._session_drops, self._shared_prefixes
+            self._sequences, self._cancels, self._holds = deque(), [], []
             self._session_drops, self._shared_prefixes = [], []
         return taken
 
@@ -80,7 +80,7 @@ class Inbox:
         return len(self._sequences)
 
     def __bool__(self) -> bool:
-        return bool(self._sequences or self._cancels or self._releases or self._session_drops or self._shared_prefixes)
+        return bool(self._sequences or self._cancels or self._holds or self._session_drops or self._shared_prefixes)
 
 
 class StepThread:

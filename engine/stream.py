@@ -16,10 +16,10 @@ class TokenStream:
     of "stop", "length", "cancelled", "error" ("probed" for a probe), and ``output_ids``/``ttft_s`` describe the answer.
     """
 
-    def __init__(self, request_id: int, cancel: Callable[[int], None], release: Callable[[int], None] | None = None):
+    def __init__(self, request_id: int, cancel: Callable[[int], None], hold: Callable[[int, bool], None] | None = None):
         self.request_id = request_id
         self._cancel = cancel
-        self._release = release
+        self._hold = hold
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.finish_reason: str | None = None
         self.output_ids: list[int] = []
@@ -45,10 +45,15 @@ class TokenStream:
     def cancel(self) -> None:
         self._cancel(self.request_id)
 
+    def hold(self) -> None:
+        """No more tokens after the next step's until ``release()`` (the request keeps its slot)."""
+        if self._hold is not None:
+            self._hold(self.request_id, True)
+
     def release(self) -> None:
-        """A request submitted with ``hold_after`` writes on past it (otherwise: no effect)."""
-        if self._release is not None:
-            self._release(self.request_id)
+        """A held request (``hold()``, or submitted with ``hold_after``) writes on (otherwise: no effect)."""
+        if self._hold is not None:
+            self._hold(self.request_id, False)
 
     def __iter__(self) -> Iterator[str]:
         while (item := self._queue.get()) is not _END:

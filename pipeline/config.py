@@ -111,6 +111,7 @@ class LLMStageConfig:
     is_early_answer_enabled: bool = True  # answer a partial whose words read as finished (semantic endpointing)
     early_answer_min_p: float = 0.2  # ... when the engine's P(sentence ends after them) is at least this
     early_answer_tokens: int = 8  # tokens it writes before the final adopts it (then it waits; 0 = no wait)
+    is_first_audio_first: bool = True  # the answer waits while its first chunk is synthesized (TTS has the cores)
 
     def __post_init__(self) -> None:
         check(128 <= self.history_token_budget <= 1_000_000, "history_token_budget",

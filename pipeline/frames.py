@@ -9,7 +9,7 @@ data frames are processed in order. Frames marked *out* reach the front end.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -153,6 +153,9 @@ class SpeakChunk(Frame):
     text: str = ""
     index: int = 0
     voice: Any = None  # pipeline.persona.Voice
+    # Called by the TTS stage once this chunk's audio is made, or the chunk dropped: the LLM stage
+    # holds the rest of the answer until then (LLMStageConfig.is_first_audio_first).
+    on_synthesized: Callable[[], None] | None = None
 
 
 @dataclass

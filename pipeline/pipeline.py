@@ -85,7 +85,7 @@ class Pipeline:
             stages.append(ASRStage(transcriber, self.config.asr, lambda: self.current_persona().language,
                                    self.book, size))
         self._llm = LLMStage(llm, self.current_persona, self.turns.history, self.config.llm, self.config.chunker,
-                             self.book, session, size, self._endpointer)
+                             self.book, session, size, self._endpointer, is_spoken=True)
         self._tts = TTSStage(tts, self.book, self.config.tts.output_sample_rate, size)
         stages += [self._llm, self._tts]
         for stage, downstream in zip(stages, stages[1:]):

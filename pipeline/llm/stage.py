@@ -47,9 +47,13 @@ class LLMStage(Stage):
 
     def __init__(self, backend: LLMBackend, persona: Callable[[], Persona], history: History,
                  config: LLMStageConfig, chunker: ChunkerConfig, book: WaterfallBook,
-                 session: str | None = None, queue_size: int = 2000, endpointer: Endpointer | None = None):
+                 session: str | None = None, queue_size: int = 2000, endpointer: Endpointer | None = None,
+                 is_spoken: bool = False):
         super().__init__(queue_size)
         self.endpointer = endpointer
+        # A TTS stage speaks the chunks and calls SpeakChunk.on_synthesized: only then may the answer
+        # wait for it (config.is_first_audio_first); a reader of the bare stage would wait forever.
+        self.is_spoken = is_spoken
         self.backend = backend
         self.persona = persona
         self.history = history
@@ -310,7 +314,7 @@ class LLMStage(Stage):
                 text.append(delta)
                 yield TextDelta(gen=gen, text=delta)
                 for piece in chunker.feed(delta):
-                    yield from self._chunk(gen, piece, chunker, persona)
+                    yield from self._chunk(gen, piece, chunker, persona, completion)
             else:
                 for piece in chunker.flush():
                     yield from self._chunk(gen, piece, chunker, persona)
@@ -337,7 +341,17 @@ class LLMStage(Stage):
         empty = self.backend.count_tokens([{"role": "assistant", "content": ""}])
         return max(0, self.backend.count_tokens([{"role": "assistant", "content": answer}]) - empty)
 
-    def _chunk(self, gen: int, text: str, chunker: SpeakableChunker, persona: Persona) -> Iterable[Frame]:
+    def _chunk(self, gen: int, text: str, chunker: SpeakableChunker, persona: Persona,
+               completion: Completion | None = None) -> Iterable[Frame]:
+        """One speakable chunk. The first, while the answer goes on (``completion``), holds the answer
+        until its audio is made: on 2 cores the engine's next tokens and TTS's first words would share
+        them, and it is the words the user waits for (the rest has the first chunk's playing time)."""
         self.book.mark(gen, "first_chunk_ready", time.monotonic())
         self.book.add(gen, "num_chunks", 1)
-        yield SpeakChunk(gen=gen, text=text, index=chunker.num_chunks - 1, voice=persona.voice)
+        index = chunker.num_chunks - 1
+        holds = index == 0 and self.is_spoken and self.config.is_first_audio_first
+        hold = getattr(completion, "hold", None) if holds else None
+        if hold is not None:
+            hold()
+        yield SpeakChunk(gen=gen, text=text, index=index, voice=persona.voice,
+                         on_synthesized=completion.release if hold is not None else None)

@@ -80,3 +80,5 @@ class TTSStage(Stage):
         finally:
             with self._lock:
                 self._call = None
+            if chunk.on_synthesized is not None:  # made, dropped or failed: the answer writes on
+                chunk.on_synthesized()

@@ -43,6 +43,27 @@ def test_a_held_request_waits_after_its_first_tokens_then_writes_on_as_an_unheld
     fp32_engine.drop_session("held")
 
 
+def test_a_request_held_mid_answer_stops_at_once_then_writes_on_as_an_unheld_one(fp32_engine):
+    """``stream.hold()`` (the first chunk's synthesis has the cores): no token after the step that
+    takes it, no step while held; ``release()`` and the answer is the one an unheld request writes."""
+    alone = fp32_engine.submit(GREEDY_PROMPTS[2], GREEDY)
+    fp32_engine.run_until_idle()
+    stream = fp32_engine.submit(GREEDY_PROMPTS[2], GREEDY)
+    fp32_engine.step()  # admitted (from the inbox) and prefilled
+    (seq,) = [s for s in fp32_engine.scheduler.running if s.id == stream.request_id]
+    while len(seq.output_ids) < 4:
+        fp32_engine.step()
+    stream.hold()
+    steps = fp32_engine.stats().steps
+    fp32_engine.run_until_idle()
+    assert len(seq.output_ids) == 4 and seq.is_held and stream.finish_reason is None
+    assert fp32_engine.stats().steps == steps  # the hold was taken before any model step
+    stream.release()
+    fp32_engine.run_until_idle()
+    assert stream.finish_reason == alone.finish_reason and stream.output_ids == alone.output_ids
+    stream.release()  # a finished request: no effect
+
+
 def test_a_held_request_is_cancelled_like_any_other_and_hold_after_is_checked(fp32_engine):
     held = fp32_engine.submit(GREEDY_PROMPTS[0], GREEDY, session="held-cancel", hold_after=2)
     fp32_engine.run_until_idle()
