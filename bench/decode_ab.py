@@ -60,7 +60,8 @@ def llama_ms(model: str, threads: int, steps: int) -> tuple[float, int]:
     from bench.llama_cpp_peer import llama_bench
     from engine.native_weights import native_gguf_path
 
-    return 1e3 / llama_bench(build(), native_gguf_path(resolve(model, "llm")), threads, 0, steps), 0
+    gguf = native_gguf_path(resolve(model, "llm"))
+    return 1e3 / llama_bench(build(smoke_gguf=gguf), gguf, threads, 0, steps), 0
 
 
 def main(argv: list[str] | None = None) -> int:

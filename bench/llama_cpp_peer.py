@@ -24,7 +24,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.llama_cpp_build import build as build_llama_cpp
+from bench.llama_cpp_build import build_peer as build_llama_cpp
 
 TTFT_PROMPT = 43  # tokens: the issue's TTFT prompt
 PREFILL_PROMPT = 512
@@ -120,7 +120,7 @@ def compare(model_dir: Path, gguf: Path, settings, quant: str = "native", log=No
     """Ours and llama.cpp's figures on ``gguf``, alternating within each round, median over
     ``settings.runs`` rounds after a warm-up -> {"ours": {...}, "llama.cpp": {...}, "ratios": {...},
     "load_avg": [at start, at end]}."""
-    tools = build_llama_cpp()
+    tools, variant = build_llama_cpp(smoke_gguf=gguf)  # the first build that runs a prompt here
     ours = OurEngine(model_dir, quant, settings, int8_activations)
     t, n, b = settings.threads, settings.tokens, settings.batch
     measures = {  # name -> (ours, theirs)
@@ -160,14 +160,16 @@ def compare(model_dir: Path, gguf: Path, settings, quant: str = "native", log=No
             round(theirs / a if name == "ttft_ms" else a / theirs, 2)  # > 1: ours is better
     return {**result, "samples": figures, "ratios": ratios, "errors": errors, "load_avg": [round(load_start, 2),
                                                                          round(os.getloadavg()[0], 2)],
-            "gguf": gguf.name, "quant": quant + (", int8 activations" if int8_activations else "")}
+            "gguf": gguf.name, "quant": quant + (", int8 activations" if int8_activations else ""),
+            "peer_build": variant.name}
 
 
 def format_peer(result: dict, settings) -> str:
     """The comparison as a markdown table, with the run's load average."""
     names = {"decode_tok_s": "decode tok/s, batch 1", "ttft_ms": f"TTFT ms, {TTFT_PROMPT}-token prompt",
              "prefill_tok_s": f"prefill tok/s, {PREFILL_PROMPT}-token prompt"}
-    lines = [f"| {result['gguf']} | ours ({result['quant']}) | llama.cpp (native build) | ours / llama.cpp |",
+    build = result.get("peer_build", "native")
+    lines = [f"| {result['gguf']} | ours ({result['quant']}) | llama.cpp ({build} build) | ours / llama.cpp |",
              "|---|---:|---:|---:|"]
     for key, ratio in result["ratios"].items():
         label = names.get(key, f"batch {settings.batch} aggregate tok/s (prefills included)")

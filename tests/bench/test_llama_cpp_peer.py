@@ -68,7 +68,8 @@ def test_compare_measures_our_engine_against_the_tools_alternating(monkeypatch, 
 
     fake_tool(tmp_path, "llama-bench", json.dumps(LLAMA_BENCH_JSON))
     fake_tool(tmp_path, "llama-batched-bench", BATCHED_JSONL)
-    monkeypatch.setattr(llama_cpp_peer, "build_llama_cpp", lambda: tmp_path)
+    monkeypatch.setattr(llama_cpp_peer, "build_llama_cpp",
+                        lambda smoke_gguf: (tmp_path, llama_cpp_build.VARIANTS[0]))
     monkeypatch.setattr(llama_cpp_peer, "PREFILL_PROMPT", 64)  # 512 in the real run; the same code path
     settings = BenchSettings(tokens=4, runs=1, batch=2, threads=2)
     result = llama_cpp_peer.compare(smollm2_dir, native_gguf_path(smollm2_dir), settings)
@@ -92,7 +93,8 @@ def test_a_row_the_peer_crashes_on_is_reported_and_the_others_are_measured(monke
                       f"cat <<'EOF'\n{json.dumps(LLAMA_BENCH_JSON)}\nEOF\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     fake_tool(tmp_path, "llama-batched-bench", BATCHED_JSONL)
-    monkeypatch.setattr(llama_cpp_peer, "build_llama_cpp", lambda: tmp_path)
+    monkeypatch.setattr(llama_cpp_peer, "build_llama_cpp",
+                        lambda smoke_gguf: (tmp_path, llama_cpp_build.VARIANTS[0]))
     monkeypatch.setattr(llama_cpp_peer, "PREFILL_PROMPT", 64)
     settings = BenchSettings(tokens=4, runs=2, batch=2, threads=2)
     result = llama_cpp_peer.compare(smollm2_dir, native_gguf_path(smollm2_dir), settings)
