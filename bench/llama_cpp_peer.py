@@ -43,9 +43,13 @@ def llama_batched(tools: Path, gguf: Path, threads: int, prompt: int, gen: int, 
     cmd = [str(tools / "llama-batched-bench"), "-m", str(gguf), "-c", str(batch * (prompt + gen) + 64),
            "-b", "2048", "-ub", "512", "-npp", str(prompt), "-ntg", str(gen), "-npl", str(batch),
            "-t", str(threads), "-fa", "on", "--output-format", "jsonl"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True)
-    result = next(json.loads(line) for line in out.stdout.splitlines() if line.startswith("{"))
-    return batch * gen / float(result["t"])
+    for attempt in range(2):  # once (13:41, load 5) it exited 0 with no result line: one retry, then no figure
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True)
+        lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+        if lines:
+            return batch * gen / float(json.loads(lines[0])["t"])
+    raise subprocess.CalledProcessError(out.returncode, cmd, out.stdout,
+                                        out.stderr + "\nno result line in its output, twice")
 
 
 class OurEngine:

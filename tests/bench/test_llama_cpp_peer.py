@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 from bench import llama_cpp_build, llama_cpp_peer
 
@@ -104,3 +107,18 @@ def test_a_row_the_peer_crashes_on_is_reported_and_the_others_are_measured(monke
     assert len(result["samples"]["ours"]["ttft_ms"]) == 2  # ours is still measured every round
     table = llama_cpp_peer.format_peer(result, settings)
     assert "| TTFT ms, 43-token prompt |" in table and "none: llama-bench died of signal 11" in table
+
+
+def test_batched_bench_without_a_result_line_is_retried_once_then_reported(tmp_path):
+    """It once exited 0 without its JSON line (load 5): a second try counts; two such runs are the
+    row's failure (a CalledProcessError, which compare() reports per row), not a StopIteration that
+    ended the whole comparison."""
+    script = tmp_path / "llama-batched-bench"  # the first run prints nothing, later ones the result
+    script.write_text(f"#!/bin/sh\nif [ -e {tmp_path}/ran ]; then echo '{BATCHED_JSONL}'; fi\ntouch {tmp_path}/ran\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    gguf = tmp_path / "model.gguf"
+    assert abs(llama_cpp_peer.llama_batched(tmp_path, gguf, 2, 43, 8, 2) - 2 * 8 / 0.2355) < 1e-6
+    fake_tool(tmp_path, "llama-batched-bench", "main: n_kv_max = 512")
+    with pytest.raises(subprocess.CalledProcessError) as error:
+        llama_cpp_peer.llama_batched(tmp_path, gguf, 2, 43, 8, 2)
+    assert llama_cpp_peer.failure(error.value) == "llama-batched-bench exited with 0: no result line in its output, twice"
