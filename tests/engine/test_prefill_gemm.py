@@ -1,0 +1,99 @@
+"""The prompt path's matrix product (engine/prefill_gemm.h, used by ``quant_linear`` and the one-call
+step for chunks of 9+ rows): each weight format against its pure-torch dequantize-then-matmul twin on
+real tensors of the packaged files, at 1, 3 and 8 rows (the small-batch path) and 43 and 300 rows
+(the GEMM), and the one-call step's prefill of a long chunk against the same prompt in 8-row chunks."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import gguf_formats as fmt
+from engine.kv_cache import KVCache
+from engine.loader import load_model
+from engine.native_weights import QuantWeight, load_native_model
+from engine.quant import quantize_int8, quantize_per_channel
+from engine.runner import ModelRunner
+from tests.engine.test_native_weights import ops, qwen_tensors, smollm2_tensors  # noqa: F401 (fixtures)
+
+ROWS = (1, 3, 8, 43, 300)
+
+
+def check_rows(ops, blocks, format, cols, twin, row_scale=None):
+    """``quant_linear`` at each row count against x @ twin.T (+ bias), in float64."""
+    g = torch.Generator().manual_seed(format + cols)
+    n = twin.shape[0]
+    bias = torch.randn(n, generator=g)
+    for M in ROWS:
+        x = torch.randn(M, cols, generator=g)
+        reference = x.double() @ twin.double().T + bias.double()
+        got = ops.quant_linear(x, blocks, format, cols, row_scale, bias)
+        assert got.shape == (M, n), f"{M} rows"
+        scale = reference.abs().max().item()
+        assert (got.double() - reference).abs().max().item() < 2e-6 * scale * cols ** 0.5, f"{M} rows"
+
+
+# 50 weight rows: 12 register tiles of 4 and a tail of 2 in the first panel of 16, and a panel of 2
+@pytest.mark.parametrize("name, format", [("blk.0.ffn_down.weight", fmt.Q4_1), ("blk.5.ffn_up.weight", fmt.Q4_1),
+                                          ("token_embd.weight", fmt.Q8_0)])
+def test_gguf_blocks_at_every_chunk_size(ops, smollm2_tensors, name, format):
+    weight = smollm2_tensors.quant(name)
+    assert weight.format == format
+    part = QuantWeight(weight.format, weight.blocks[:50].contiguous(), weight.cols)
+    check_rows(ops, part.blocks, part.format, part.cols, part.dequantize())
+
+
+def test_int8_per_channel_at_every_chunk_size(ops, smollm2_tensors):
+    """Our per-channel int8 (the default ``quant``) of a real matrix: the row scale is applied to
+    each row's sum."""
+    w = smollm2_tensors.quant("blk.2.attn_q.weight").dequantize()[:50]
+    q, scales = quantize_per_channel(w)
+    scales = scales.float()
+    check_rows(ops, q.view(torch.uint8), fmt.I8, w.shape[1], q.float() * scales[:, None], scales)
+
+
+@pytest.mark.parametrize("cols", [576, 568])  # 568 = 35 x 16 + 8: the masked tail of the K loop
+def test_fp32_weights_at_every_chunk_size(ops, smollm2_tensors, cols):
+    w = smollm2_tensors.quant("blk.1.attn_output.weight").dequantize()[:50, :cols].contiguous()
+    check_rows(ops, w.view(torch.uint8), fmt.F32, cols, w)
+
+
+def test_qwen_k_quants_at_every_chunk_size(ops, qwen_tensors):
+    """Q5_0, Q4_K, Q6_K (Qwen2.5-0.5B's GGUF), when its packages are installed."""
+    tensors = qwen_tensors
+    for format in (fmt.Q5_0, fmt.Q4_K, fmt.Q6_K):
+        name = next(n for n, t in tensors.tensors.items() if t.ggml_type == format and len(t.shape) == 2)
+        weight = tensors.quant(name)
+        part = QuantWeight(weight.format, weight.blocks[:50].contiguous(), weight.cols)
+        check_rows(ops, part.blocks, part.format, part.cols, part.dequantize())
+
+
+def _prefill(model, prompt, chunk: int):
+    """The prompt prefilled by the one-call step in chunks of ``chunk`` rows -> (last logits, keys, values)."""
+    cache = KVCache(model.args, 2, 512, torch.float32)
+    runner = ModelRunner(model, cache)
+    assert runner.fused_decode
+    logits = None
+    for start in range(0, len(prompt), chunk):
+        logits = runner.prefill(1, prompt[start:start + chunk], start)
+    n = len(prompt)
+    return logits, cache.tensors.k[:, 1, :, :n].clone(), cache.tensors.v[:, 1, :, :n].clone()
+
+
+@pytest.mark.parametrize("quant", ["int8", "native"])
+@pytest.mark.parametrize("length", [43, 300])
+def test_one_call_prefill_of_a_long_chunk_equals_8_row_chunks(ops, smollm2_dir, quant, length):
+    """The real model (the default int8 weights; the GGUF's Q4_1 blocks): a prompt prefilled as one
+    chunk (the GEMM) gives the logits and cache of the same prompt in chunks of 8 (the small-batch
+    path, itself tested against the generic forward)."""
+    if quant == "native":
+        model = load_native_model(smollm2_dir, 512, ops)
+    else:
+        model = load_model(smollm2_dir, torch.float32, 512)
+        model.kernels = ops
+        quantize_int8(model)
+    prompt = [(i * 37) % 4000 + 100 for i in range(length)]
+    (l1, k1, v1), (l8, k8, v8) = _prefill(model, prompt, length), _prefill(model, prompt, 8)
+    assert (l1 - l8).abs().max().item() < 1e-4 * l8.abs().max().item()
+    assert l1.argmax().item() == l8.argmax().item()
+    assert (k1 - k8).abs().max().item() < 1e-4 * (1 + k8.abs().max().item())
+    assert (v1 - v8).abs().max().item() < 1e-4 * (1 + v8.abs().max().item())
