@@ -44,13 +44,14 @@ struct Linear {
 
   // y[m, n] = x[m] . W[n] (+ bias[n]) for rows n in [n0, n1) and every row m of x; with xq (x
   // as Q8 blocks), the segments of a GGUF block format use the integer path.
+  // pack: x's bf16 tiles for the prefill GEMM's AMX path (one per worker, tagged by phase).
   void run(const float* x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
-           const Q8Rows* xq = nullptr) const {
+           const Q8Rows* xq = nullptr, XPack* pack = nullptr) const {
     int64_t base = 0;
     for (const QWeight& w : parts) {
       const int64_t a = std::max(n0, base), b = std::min(n1, base + w.rows);
       if (a < b && xq && has_q8_path(w.format)) matvec_q8(w, *xq, M, y + base, ldy, a - base, b - base);
-      else if (a < b) matvec(w, x, M, cols, y + base, ldy, a - base, b - base);
+      else if (a < b) matvec(w, x, M, cols, y + base, ldy, a - base, b - base, pack);
       base += w.rows;
     }
     if (bias)
@@ -231,7 +232,7 @@ class StepWork : public PhasedWork {
   StepWork(NativeDecoder& m, int64_t T, const int64_t* positions, const int64_t* slots, const int64_t* logit_rows,
            int64_t n_logits, StepBuffers buffers, int threads)
       : m(m), T(T), positions(positions), slots(slots), logit_rows(logit_rows), n_logits(n_logits), buf(buffers),
-        Nqkv((m.H + 2 * m.Hkv) * m.d), scratch(threads),
+        Nqkv((m.H + 2 * m.Hkv) * m.d), scratch(threads), packs(threads),
         qkv_rows(task_rows(Nqkv, kRows, threads)), d_rows(task_rows(m.D, kRows, threads)),
         act_rows(task_rows(m.I, kActRows, threads)), head_rows(task_rows(m.head.rows, kHeadRows, threads)) {}
 
@@ -285,21 +286,22 @@ class StepWork : public PhasedWork {
         if (buf.hq.q) quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hq.at_row(r0));
         return;
       case 1: return layer.qkv.run(buf.h, T, buf.qkv, Nqkv, task * qkv_rows, std::min(Nqkv, (task + 1) * qkv_rows),
-                                   q8(buf.hq));
+                                   q8(buf.hq), pack(worker, p));
       case 2: return write_kv(args, task);
       case 3:
         attend(args, task, scratch[worker]);
         if (buf.attnq.q) quantize_heads(task);
         return;
-      case 4: return layer.o.run(buf.attn, T, buf.delta, D, task * d_rows, std::min(D, (task + 1) * d_rows), q8(buf.attnq));
+      case 4: return layer.o.run(buf.attn, T, buf.delta, D, task * d_rows, std::min(D, (task + 1) * d_rows), q8(buf.attnq),
+                                 pack(worker, p));
       case 5:
         m.add_and_norm(buf.residual + r0 * D, buf.delta + r0 * D, layer.post_norm, buf.h + r0 * D, r1 - r0);
         if (buf.hq.q) quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hq.at_row(r0));
         return;
       case 6: {  // gate rows i and up rows I + i by the same task: silu(gate) * up needs no other phase
         const int64_t a0 = task * act_rows, a1 = std::min(I, a0 + act_rows);
-        layer.gate_up.run(buf.h, T, buf.gate_up, 2 * I, a0, a1, q8(buf.hq));
-        layer.gate_up.run(buf.h, T, buf.gate_up, 2 * I, I + a0, I + a1, q8(buf.hq));
+        layer.gate_up.run(buf.h, T, buf.gate_up, 2 * I, a0, a1, q8(buf.hq), pack(worker, p));
+        layer.gate_up.run(buf.h, T, buf.gate_up, 2 * I, I + a0, I + a1, q8(buf.hq), pack(worker, p));
         for (int64_t b = 0; b < T; ++b) {
           const float *g = buf.gate_up + b * 2 * I, *u = g + I;
           float* o = buf.act + b * I;
@@ -312,7 +314,7 @@ class StepWork : public PhasedWork {
         return;
       }
       default: return layer.down.run(buf.act, T, buf.delta, D, task * d_rows, std::min(D, (task + 1) * d_rows),
-                                     q8(buf.actq));
+                                     q8(buf.actq), pack(worker, p));
     }
   }
 
@@ -337,6 +339,17 @@ class StepWork : public PhasedWork {
   }
   static const Q8Rows* q8(const Q8Rows& rows) { return rows.q ? &rows : nullptr; }
 
+  // The worker's XPack for phase p's input (a prompt chunk's rows only; packed by its first task there).
+  XPack* pack(int worker, int64_t p) {
+    if (T < kGemmMinRows) return nullptr;
+    XPack& x = packs[worker];
+    if (x.tag != p) {
+      x.tag = p;
+      x.ready = false;
+    }
+    return &x;
+  }
+
   // Attention task t = (row b, kv head g) wrote the R heads' outputs [g R d, (g + 1) R d) of row b:
   // their Q8 blocks (head_dim is a multiple of 32 when int8 activations are on).
   void quantize_heads(int64_t t) const {
@@ -352,6 +365,7 @@ class StepWork : public PhasedWork {
   const StepBuffers buf;
   const int64_t Nqkv;
   std::vector<AttentionScratch> scratch;  // one per worker
+  std::vector<XPack> packs;  // one per worker: the bf16 tiles of the input of the phase it last packed
   const int64_t qkv_rows, d_rows, act_rows, head_rows;  // rows per task of each matrix phase (task_rows)
 };
 

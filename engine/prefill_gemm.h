@@ -15,7 +15,9 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -23,12 +25,95 @@
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(VOXLANE_AVX2)
 #define VOXLANE_GEMM 1
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
+#define VOXLANE_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #endif
 
 namespace voxlane {
 
 // Activation rows above which matvec uses the GEMM (at <= 8 rows the weights are read once anyway).
 constexpr int64_t kGemmMinRows = 9;
+
+// Whether the GEMM may use AMX where the machine has it (tests and A/Bs turn it off to run the
+// 512-bit FMA path on the same machine; torch.ops.voxlane.set_prefill_amx).
+inline std::atomic<bool>& amx_allowed() {
+  static std::atomic<bool> allowed{true};
+  return allowed;
+}
+
+// bf16 (the top 16 bits of a float) for AMX's tiles.
+inline uint16_t bf16_bits(float v) {  // round to nearest even (finite values)
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+inline float bf16_value(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float v;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+
+// Activation rows as AMX B tiles: per block of 16 rows, [Kp / 2][16 rows][2] bf16, hi and lo (zeros
+// past M and K). `tag` names the matrix input it holds (the one-call step's phase), so the tasks of a
+// phase that a worker runs pack it once.
+struct XPack {
+  std::vector<uint16_t> hi, lo;
+  int64_t M = 0, K = 0, Kp = 0, tag = -1;
+  bool ready = false;
+  int64_t blocks() const { return (M + 15) / 16; }
+  const uint16_t* hi_tile(int64_t mb, int64_t kb) const { return hi.data() + (mb * (Kp / 2) + kb * 16) * 32; }
+  const uint16_t* lo_tile(int64_t mb, int64_t kb) const { return lo.data() + (mb * (Kp / 2) + kb * 16) * 32; }
+
+  void pack(const float* x, int64_t rows, int64_t ldx, int64_t cols) {
+    M = rows;
+    K = cols;
+    Kp = (cols + 31) / 32 * 32;
+    const size_t n = static_cast<size_t>(blocks() * 16 * Kp);
+    hi.assign(n, 0);
+    lo.assign(n, 0);
+#if defined(VOXLANE_AMX)
+    // Per row and block of 32: hi = bf16 of the 32 values, lo = bf16 of what hi misses; their 16
+    // (k, k + 1) pairs scattered to the pairs' tile rows (stride 16 pairs).
+    const __m512i pair_rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                 _mm512_set1_epi32(16));
+    const __m512i round = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), top = _mm512_set1_epi32(~0xffff);
+    auto hi_of = [&](__m512 v) {  // bf16(v) back as a float (round to nearest even, as vcvtne2ps2bf16)
+      const __m512i u = _mm512_castps_si512(v);
+      const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, round), _mm512_and_si512(_mm512_srli_epi32(u, 16), one));
+      return _mm512_castsi512_ps(_mm512_and_si512(r, top));
+    };
+    for (int64_t m = 0; m < M; ++m) {
+      const float* row = x + m * ldx;
+      for (int64_t k = 0; k < K; k += 32) {
+        const int64_t left = K - k;
+        const __mmask16 m0 = left >= 16 ? 0xffff : static_cast<__mmask16>((1u << left) - 1);
+        const __mmask16 m1 = left >= 32 ? 0xffff : left <= 16 ? 0 : static_cast<__mmask16>((1u << (left - 16)) - 1);
+        const __m512 v0 = _mm512_maskz_loadu_ps(m0, row + k), v1 = _mm512_maskz_loadu_ps(m1, row + k + 16);
+        const __m512 l0 = _mm512_sub_ps(v0, hi_of(v0)), l1 = _mm512_sub_ps(v1, hi_of(v1));
+        const int64_t at = ((m / 16) * (Kp / 2) + (k / 2)) * 16 + (m % 16);  // in pairs
+        _mm512_i32scatter_epi32(reinterpret_cast<int*>(hi.data()) + at, pair_rows, (__m512i)_mm512_cvtne2ps_pbh(v1, v0), 4);
+        _mm512_i32scatter_epi32(reinterpret_cast<int*>(lo.data()) + at, pair_rows, (__m512i)_mm512_cvtne2ps_pbh(l1, l0), 4);
+      }
+    }
+#else
+    for (int64_t m = 0; m < M; ++m) {
+      const float* row = x + m * ldx;
+      uint16_t *h = hi.data() + (m / 16) * 16 * Kp + (m % 16) * 2, *l = lo.data() + (h - hi.data());
+      for (int64_t k = 0; k < K; ++k) {
+        const uint16_t b = bf16_bits(row[k]);
+        const int64_t at = (k / 2) * 32 + (k & 1);
+        h[at] = b;
+        l[at] = bf16_bits(row[k] - bf16_value(b));
+      }
+    }
+#endif
+    ready = true;
+  }
+};
 
 #if defined(VOXLANE_GEMM)
 namespace gemm {
@@ -107,12 +192,154 @@ inline void expand_rows(const uint8_t* data, int64_t row_bytes, int64_t K, int64
 
 }  // namespace gemm
 
+#if defined(VOXLANE_AMX)
+// ---- AMX (Intel's tile unit): bf16 tiles, fp32 accumulation, kept exact by hi/lo splits ----------
+// TDPBF16PS multiplies a 16 x 32 bf16 tile A by a 32 x 16 bf16 tile B (in pairs of k: B[k/2][n][k%2])
+// into a 16 x 16 fp32 tile C: 8,192 multiply-adds per instruction. bf16 keeps 8 bits of a float's 24,
+// so each value v goes in as two: hi = bf16(v) and lo = bf16(v - hi) (v - hi is exact in fp32), and
+// dot(w, x) = hi(w) hi(x) + hi(w) lo(x) + lo(w) hi(x) up to ~2^-16 of each product (the lo(w) lo(x)
+// term and the split's remainders): far below what the logits resolve, but not bit-for-bit fp32.
+// Our int8 weights are exact in bf16 (lo = 0), so they take two products instead of three.
+// Here A = 16 weight rows (row-major, straight from the expanded panel), B = 16 activation rows laid
+// out in k pairs (XPack, built once per matrix input), C[weight row][activation row].
+namespace amx {
+
+// Linux gives a process the tile registers' state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM).
+inline bool enabled() {
+  // (once per process; a kernel or hypervisor that refuses it leaves the 512-bit FMA path)
+  static const bool ok = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+  }();
+  return ok;
+}
+
+// Every tile 16 rows x 64 bytes: C0, C1 (fp32), A hi, A lo (weights), B hi, B lo of two activation blocks.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  TileConfig() {
+    for (int t = 0; t < 8; ++t) {
+      colsb[t] = 64;
+      rows[t] = 16;
+    }
+  }
+};
+
+}  // namespace amx
+
+namespace amx {
+
+// 16 fp32 rows of K (fewer: zero rows) -> A tiles' rows [16][Kp] bf16, hi and (unless exact) lo.
+inline void split_rows(const float* w, int64_t rows, int64_t K, int64_t Kp, bool exact, uint16_t* hi, uint16_t* lo) {
+  for (int64_t r = 0; r < 16; ++r) {
+    uint16_t *h = hi + r * Kp, *l = lo + r * Kp;
+    int64_t k = 0;
+    if (r < rows) {
+      const float* src = w + r * K;
+      for (; k + 16 <= K; k += 16) {
+        const __m512 v = _mm512_loadu_ps(src + k);
+        const __m256i b = (__m256i)_mm512_cvtneps_pbh(v);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(h + k), b);
+        if (!exact) {
+          const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+          const __m256i rest = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, back));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(l + k), rest);
+        }
+      }
+      for (; k < K; ++k) {
+        h[k] = bf16_bits(src[k]);
+        if (!exact) l[k] = bf16_bits(src[k] - bf16_value(h[k]));
+      }
+    }
+    for (; k < Kp; ++k) h[k] = l[k] = 0;
+  }
+}
+
+// C[n][m] (16 x 16 per activation block) for one panel of 16 weight rows and every activation row:
+// y[m, n] = C * row_scale + bias.
+template <bool kExact>
+inline void panel(const uint16_t* a_hi, const uint16_t* a_lo, const XPack& x, int64_t p0, int64_t rows,
+                  const float* row_scale, const float* bias, float* y, int64_t ldy) {
+  alignas(64) float c[2][16 * 16];
+  const int64_t stride = x.Kp * 2, kblocks = x.Kp / 32, mblocks = x.blocks();
+  for (int64_t mb = 0; mb < mblocks; mb += 2) {
+    const bool two = mb + 1 < mblocks;
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t kb = 0; kb < kblocks; ++kb) {
+      _tile_loadd(2, a_hi + kb * 32, stride);
+      if (!kExact) _tile_loadd(3, a_lo + kb * 32, stride);
+      _tile_loadd(4, x.hi_tile(mb, kb), 64);
+      _tile_loadd(5, x.lo_tile(mb, kb), 64);
+      _tile_dpbf16ps(0, 2, 4);
+      _tile_dpbf16ps(0, 2, 5);
+      if (!kExact) _tile_dpbf16ps(0, 3, 4);
+      if (two) {
+        _tile_loadd(6, x.hi_tile(mb + 1, kb), 64);
+        _tile_loadd(7, x.lo_tile(mb + 1, kb), 64);
+        _tile_dpbf16ps(1, 2, 6);
+        _tile_dpbf16ps(1, 2, 7);
+        if (!kExact) _tile_dpbf16ps(1, 3, 6);
+      }
+    }
+    _tile_stored(0, c[0], 64);
+    if (two) _tile_stored(1, c[1], 64);
+    for (int b = 0; b < (two ? 2 : 1); ++b) {
+      const int64_t m0 = (mb + b) * 16, m1 = std::min(x.M, m0 + 16);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t n = p0 + r;
+        const float scale = row_scale ? row_scale[n] : 1.f, add = bias ? bias[n] : 0.f;
+        for (int64_t m = m0; m < m1; ++m) y[m * ldy + n] = c[b][r * 16 + (m - m0)] * scale + add;
+      }
+    }
+  }
+}
+
+}  // namespace amx
+#endif
+
 // y[m, n] = (x[m, :] . W[n, :]) * row_scale[n] + bias[n] for rows n in [n0, n1) and all M rows of
 // x (row stride ldx; y's ldy). Single-threaded: callers split [0, N) among threads.
+//
+// With AMX, the activation rows go in as bf16 hi/lo tiles: `pack` (a worker's, for the input it was
+// last packed from; null: packed for this call) holds them.
 template <class B>
 inline void gemm_format(const uint8_t* data, int64_t row_bytes, int64_t K, const float* row_scale, const float* bias,
-                        const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+                        const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1,
+                        XPack* pack = nullptr) {
   thread_local std::vector<float> expanded;
+#if defined(VOXLANE_AMX)
+  if (amx_allowed().load(std::memory_order_relaxed) && amx::enabled()) {
+    thread_local XPack own;
+    XPack& xp = pack ? *pack : own;
+    if (!pack) xp.ready = false;
+    if (!xp.ready) xp.pack(x, M, ldx, K);
+    thread_local std::vector<uint16_t> a_hi, a_lo;
+    a_hi.resize(16 * xp.Kp);
+    a_lo.resize(16 * xp.Kp);
+    if (static_cast<int64_t>(expanded.size()) < 16 * K) expanded.resize(16 * K);
+    static const amx::TileConfig config;
+    _tile_loadconfig(&config);
+    constexpr bool exact = std::is_same_v<B, gguf::BlockI8>;  // int8 values are exact in bf16
+    for (int64_t p0 = n0; p0 < n1; p0 += 16) {
+      const int64_t rows = std::min<int64_t>(16, n1 - p0);
+      const float* w;
+      if constexpr (std::is_same_v<B, gguf::BlockF32>) {
+        w = reinterpret_cast<const float*>(data + p0 * row_bytes);
+      } else {
+        gemm::expand_rows<B>(data, row_bytes, K, p0, p0 + rows, expanded.data());
+        w = expanded.data();
+      }
+      amx::split_rows(w, rows, K, xp.Kp, exact, a_hi.data(), a_lo.data());
+      amx::panel<exact>(a_hi.data(), a_lo.data(), xp, p0, rows, row_scale, bias, y, ldy);
+    }
+    _tile_release();
+    return;
+  }
+#endif
+  (void)pack;
   if (!std::is_same_v<B, gguf::BlockF32> && static_cast<int64_t>(expanded.size()) < gemm::kPanel * K)
     expanded.resize(gemm::kPanel * K);
   float sums[gemm::kR * gemm::kM];

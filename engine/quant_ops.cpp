@@ -77,6 +77,17 @@ at::Tensor quant_linear_q8(const at::Tensor& x, const at::Tensor& w, int64_t for
   return y;
 }
 
+// Allow or forbid AMX in the prompt path's GEMM (prefill_gemm.h) -> whether AMX runs now (allowed and
+// granted by the OS on a machine that has it).
+bool set_prefill_amx(bool allowed) {
+  amx_allowed().store(allowed);
+#if defined(VOXLANE_AMX)
+  return allowed && amx::enabled();
+#else
+  return false;
+#endif
+}
+
 at::Tensor quant_dequantize(const at::Tensor& w, int64_t format, int64_t cols) {
   const QWeight q = qweight_of(w, format, cols, c10::nullopt, c10::nullopt);
   at::Tensor out = at::empty({q.rows, cols}, at::TensorOptions().dtype(at::kFloat));
@@ -105,6 +116,7 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
   m.def("quant_linear(Tensor x, Tensor w, int format, int cols, Tensor? row_scale, Tensor? bias) -> Tensor");
   m.def("quant_linear_q8(Tensor x, Tensor w, int format, int cols, Tensor? bias) -> Tensor");
   m.def("quant_dequantize(Tensor w, int format, int cols) -> Tensor");
+  m.def("set_prefill_amx(bool allowed) -> bool", &voxlane::set_prefill_amx);  // no tensor: not per device
   m.def("quant_embedding(Tensor w, int format, int cols, Tensor? row_scale, Tensor ids) -> Tensor");
 }
 

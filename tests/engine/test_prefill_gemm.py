@@ -18,6 +18,17 @@ from tests.engine.test_native_weights import ops, qwen_tensors, smollm2_tensors 
 ROWS = (1, 3, 8, 43, 300)
 
 
+@pytest.fixture(params=["amx", "fma"])
+def path(request, ops):
+    """Each GEMM path this machine has: AMX bf16 tiles (hi/lo splits) and the 512-bit FMA tile."""
+    amx = ops.set_prefill_amx(request.param == "amx")
+    if request.param == "amx" and not amx:
+        ops.set_prefill_amx(True)
+        pytest.skip("no AMX here (or the OS refused its state): the FMA path is the one tested")
+    yield request.param
+    ops.set_prefill_amx(True)
+
+
 def check_rows(ops, blocks, format, cols, twin, row_scale=None):
     """``quant_linear`` at each row count against x @ twin.T (+ bias), in float64."""
     g = torch.Generator().manual_seed(format + cols)
@@ -35,14 +46,14 @@ def check_rows(ops, blocks, format, cols, twin, row_scale=None):
 # 50 weight rows: 12 register tiles of 4 and a tail of 2 in the first panel of 16, and a panel of 2
 @pytest.mark.parametrize("name, format", [("blk.0.ffn_down.weight", fmt.Q4_1), ("blk.5.ffn_up.weight", fmt.Q4_1),
                                           ("token_embd.weight", fmt.Q8_0)])
-def test_gguf_blocks_at_every_chunk_size(ops, smollm2_tensors, name, format):
+def test_gguf_blocks_at_every_chunk_size(ops, path, smollm2_tensors, name, format):
     weight = smollm2_tensors.quant(name)
     assert weight.format == format
     part = QuantWeight(weight.format, weight.blocks[:50].contiguous(), weight.cols)
     check_rows(ops, part.blocks, part.format, part.cols, part.dequantize())
 
 
-def test_int8_per_channel_at_every_chunk_size(ops, smollm2_tensors):
+def test_int8_per_channel_at_every_chunk_size(ops, path, smollm2_tensors):
     """Our per-channel int8 (the default ``quant``) of a real matrix: the row scale is applied to
     each row's sum."""
     w = smollm2_tensors.quant("blk.2.attn_q.weight").dequantize()[:50]
@@ -52,12 +63,12 @@ def test_int8_per_channel_at_every_chunk_size(ops, smollm2_tensors):
 
 
 @pytest.mark.parametrize("cols", [576, 568])  # 568 = 35 x 16 + 8: the masked tail of the K loop
-def test_fp32_weights_at_every_chunk_size(ops, smollm2_tensors, cols):
+def test_fp32_weights_at_every_chunk_size(ops, path, smollm2_tensors, cols):
     w = smollm2_tensors.quant("blk.1.attn_output.weight").dequantize()[:50, :cols].contiguous()
     check_rows(ops, w.view(torch.uint8), fmt.F32, cols, w)
 
 
-def test_qwen_k_quants_at_every_chunk_size(ops, qwen_tensors):
+def test_qwen_k_quants_at_every_chunk_size(ops, path, qwen_tensors):
     """Q5_0, Q4_K, Q6_K (Qwen2.5-0.5B's GGUF), when its packages are installed."""
     tensors = qwen_tensors
     for format in (fmt.Q5_0, fmt.Q4_K, fmt.Q6_K):
@@ -81,7 +92,7 @@ def _prefill(model, prompt, chunk: int):
 
 @pytest.mark.parametrize("quant", ["int8", "native"])
 @pytest.mark.parametrize("length", [43, 300])
-def test_one_call_prefill_of_a_long_chunk_equals_8_row_chunks(ops, smollm2_dir, quant, length):
+def test_one_call_prefill_of_a_long_chunk_equals_8_row_chunks(ops, path, smollm2_dir, quant, length):
     """The real model (the default int8 weights; the GGUF's Q4_1 blocks): a prompt prefilled as one
     chunk (the GEMM) gives the logits and cache of the same prompt in chunks of 8 (the small-batch
     path, itself tested against the generic forward)."""
