@@ -193,15 +193,17 @@ inline void expand_rows(const uint8_t* data, int64_t row_bytes, int64_t K, int64
 }  // namespace gemm
 
 #if defined(VOXLANE_AMX)
-// ---- AMX (Intel's tile unit): bf16 tiles, fp32 accumulation, kept exact by hi/lo splits ----------
+// ---- AMX (Intel's tile unit), for our int8 weights: bf16 tiles, fp32 accumulation -----------------
 // TDPBF16PS multiplies a 16 x 32 bf16 tile A by a 32 x 16 bf16 tile B (in pairs of k: B[k/2][n][k%2])
-// into a 16 x 16 fp32 tile C: 8,192 multiply-adds per instruction. bf16 keeps 8 bits of a float's 24,
-// so each value v goes in as two: hi = bf16(v) and lo = bf16(v - hi) (v - hi is exact in fp32), and
-// dot(w, x) = hi(w) hi(x) + hi(w) lo(x) + lo(w) hi(x) up to ~2^-16 of each product (the lo(w) lo(x)
-// term and the split's remainders): far below what the logits resolve, but not bit-for-bit fp32.
-// Our int8 weights are exact in bf16 (lo = 0), so they take two products instead of three.
-// Here A = 16 weight rows (row-major, straight from the expanded panel), B = 16 activation rows laid
-// out in k pairs (XPack, built once per matrix input), C[weight row][activation row].
+// into a 16 x 16 fp32 tile C: 8,192 multiply-adds per instruction. bf16 keeps 8 bits of a float's 24:
+// int8 weights are exact in it, and each activation x goes in as two, hi = bf16(x) and lo = bf16(x - hi)
+// (x - hi is exact in fp32), so x is carried to 2^-18 of itself (fp32: 2^-24) and dot(w, x) =
+// w . hi + w . lo: two products per tile. Measured: ~3e-6 of the largest output against 2e-7 for
+// the FMA path; the quality report's int8 row unchanged to 5 decimals. The GGUF formats and fp32
+// weights are not exact in bf16 (their split would need w's lo too, and was ~1.8e-5 off fp32 in the
+// cache after 30 layers): they keep the FMA path, so native stays exact to the file.
+// Here A = 16 weight rows (row-major), B = 16 activation rows in k pairs (XPack, built once per matrix
+// input), C[weight row][activation row].
 namespace amx {
 
 // Linux gives a process the tile registers' state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM).
@@ -214,7 +216,7 @@ inline bool enabled() {
   return ok;
 }
 
-// Every tile 16 rows x 64 bytes: C0, C1 (fp32), A hi, A lo (weights), B hi, B lo of two activation blocks.
+// Every tile 16 rows x 64 bytes: C0, C1 (fp32), A (weights), B hi, B lo of two activation blocks.
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
   uint16_t colsb[16] = {};
@@ -227,41 +229,23 @@ struct alignas(64) TileConfig {
   }
 };
 
-}  // namespace amx
-
-namespace amx {
-
-// 16 fp32 rows of K (fewer: zero rows) -> A tiles' rows [16][Kp] bf16, hi and (unless exact) lo.
-inline void split_rows(const float* w, int64_t rows, int64_t K, int64_t Kp, bool exact, uint16_t* hi, uint16_t* lo) {
-  for (int64_t r = 0; r < 16; ++r) {
-    uint16_t *h = hi + r * Kp, *l = lo + r * Kp;
-    int64_t k = 0;
-    if (r < rows) {
-      const float* src = w + r * K;
-      for (; k + 16 <= K; k += 16) {
-        const __m512 v = _mm512_loadu_ps(src + k);
-        const __m256i b = (__m256i)_mm512_cvtneps_pbh(v);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(h + k), b);
-        if (!exact) {
-          const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
-          const __m256i rest = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, back));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(l + k), rest);
-        }
-      }
-      for (; k < K; ++k) {
-        h[k] = bf16_bits(src[k]);
-        if (!exact) l[k] = bf16_bits(src[k] - bf16_value(h[k]));
-      }
+// Int8 weight rows [p0, p0 + rows) (rows <= 16; the others zero) -> A tiles' rows [16][Kp] bf16 (exact).
+inline void int8_rows(const uint8_t* data, int64_t row_bytes, int64_t K, int64_t Kp, int64_t p0, int64_t rows,
+                      uint16_t* a) {
+  std::memset(a, 0, 16 * Kp * sizeof(uint16_t));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int8_t* src = reinterpret_cast<const int8_t*>(data + (p0 + r) * row_bytes);
+    for (int64_t k = 0; k < K; k += 16) {  // K is a multiple of 16 (gguf::BlockI8)
+      const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k))));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + r * Kp + k), (__m256i)_mm512_cvtneps_pbh(v));
     }
-    for (; k < Kp; ++k) h[k] = l[k] = 0;
   }
 }
 
 // C[n][m] (16 x 16 per activation block) for one panel of 16 weight rows and every activation row:
 // y[m, n] = C * row_scale + bias.
-template <bool kExact>
-inline void panel(const uint16_t* a_hi, const uint16_t* a_lo, const XPack& x, int64_t p0, int64_t rows,
-                  const float* row_scale, const float* bias, float* y, int64_t ldy) {
+inline void panel(const uint16_t* a, const XPack& x, int64_t p0, int64_t rows, const float* row_scale,
+                  const float* bias, float* y, int64_t ldy) {
   alignas(64) float c[2][16 * 16];
   const int64_t stride = x.Kp * 2, kblocks = x.Kp / 32, mblocks = x.blocks();
   for (int64_t mb = 0; mb < mblocks; mb += 2) {
@@ -269,19 +253,16 @@ inline void panel(const uint16_t* a_hi, const uint16_t* a_lo, const XPack& x, in
     _tile_zero(0);
     _tile_zero(1);
     for (int64_t kb = 0; kb < kblocks; ++kb) {
-      _tile_loadd(2, a_hi + kb * 32, stride);
-      if (!kExact) _tile_loadd(3, a_lo + kb * 32, stride);
+      _tile_loadd(2, a + kb * 32, stride);
       _tile_loadd(4, x.hi_tile(mb, kb), 64);
       _tile_loadd(5, x.lo_tile(mb, kb), 64);
       _tile_dpbf16ps(0, 2, 4);
       _tile_dpbf16ps(0, 2, 5);
-      if (!kExact) _tile_dpbf16ps(0, 3, 4);
       if (two) {
         _tile_loadd(6, x.hi_tile(mb + 1, kb), 64);
         _tile_loadd(7, x.lo_tile(mb + 1, kb), 64);
         _tile_dpbf16ps(1, 2, 6);
         _tile_dpbf16ps(1, 2, 7);
-        if (!kExact) _tile_dpbf16ps(1, 3, 6);
       }
     }
     _tile_stored(0, c[0], 64);
@@ -297,46 +278,43 @@ inline void panel(const uint16_t* a_hi, const uint16_t* a_lo, const XPack& x, in
   }
 }
 
+// Int8 weight rows [n0, n1) times every row of x, a panel of 16 weight rows at a time.
+inline void int8_weights(const uint8_t* data, int64_t row_bytes, int64_t K, const float* row_scale, const float* bias,
+                         const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1,
+                         XPack* pack) {
+  thread_local XPack own;
+  XPack& xp = pack ? *pack : own;
+  if (!pack) xp.ready = false;
+  if (!xp.ready) xp.pack(x, M, ldx, K);
+  thread_local std::vector<uint16_t> a;
+  a.resize(16 * xp.Kp);
+  static const TileConfig config;
+  _tile_loadconfig(&config);
+  for (int64_t p0 = n0; p0 < n1; p0 += 16) {
+    const int64_t rows = std::min<int64_t>(16, n1 - p0);
+    int8_rows(data, row_bytes, K, xp.Kp, p0, rows, a.data());
+    panel(a.data(), xp, p0, rows, row_scale, bias, y, ldy);
+  }
+  _tile_release();
+}
+
 }  // namespace amx
 #endif
 
 // y[m, n] = (x[m, :] . W[n, :]) * row_scale[n] + bias[n] for rows n in [n0, n1) and all M rows of
 // x (row stride ldx; y's ldy). Single-threaded: callers split [0, N) among threads.
 //
-// With AMX, the activation rows go in as bf16 hi/lo tiles: `pack` (a worker's, for the input it was
-// last packed from; null: packed for this call) holds them.
+// Int8 weights on a machine with AMX go through its tiles: `pack` (a worker's, for the input it was
+// last packed from; null: packed for this call) holds the activation rows as bf16 hi/lo tiles.
 template <class B>
 inline void gemm_format(const uint8_t* data, int64_t row_bytes, int64_t K, const float* row_scale, const float* bias,
                         const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1,
                         XPack* pack = nullptr) {
   thread_local std::vector<float> expanded;
 #if defined(VOXLANE_AMX)
-  if (amx_allowed().load(std::memory_order_relaxed) && amx::enabled()) {
-    thread_local XPack own;
-    XPack& xp = pack ? *pack : own;
-    if (!pack) xp.ready = false;
-    if (!xp.ready) xp.pack(x, M, ldx, K);
-    thread_local std::vector<uint16_t> a_hi, a_lo;
-    a_hi.resize(16 * xp.Kp);
-    a_lo.resize(16 * xp.Kp);
-    if (static_cast<int64_t>(expanded.size()) < 16 * K) expanded.resize(16 * K);
-    static const amx::TileConfig config;
-    _tile_loadconfig(&config);
-    constexpr bool exact = std::is_same_v<B, gguf::BlockI8>;  // int8 values are exact in bf16
-    for (int64_t p0 = n0; p0 < n1; p0 += 16) {
-      const int64_t rows = std::min<int64_t>(16, n1 - p0);
-      const float* w;
-      if constexpr (std::is_same_v<B, gguf::BlockF32>) {
-        w = reinterpret_cast<const float*>(data + p0 * row_bytes);
-      } else {
-        gemm::expand_rows<B>(data, row_bytes, K, p0, p0 + rows, expanded.data());
-        w = expanded.data();
-      }
-      amx::split_rows(w, rows, K, xp.Kp, exact, a_hi.data(), a_lo.data());
-      amx::panel<exact>(a_hi.data(), a_lo.data(), xp, p0, rows, row_scale, bias, y, ldy);
-    }
-    _tile_release();
-    return;
+  if constexpr (std::is_same_v<B, gguf::BlockI8>) {
+    if (amx_allowed().load(std::memory_order_relaxed) && amx::enabled())
+      return amx::int8_weights(data, row_bytes, K, row_scale, bias, x, M, ldx, y, ldy, n0, n1, pack);
   }
 #endif
   (void)pack;
