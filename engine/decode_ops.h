@@ -9,6 +9,8 @@
 #include <cstring>
 #include <vector>
 
+#include "prefill_gemm.h"  // gemm::hsum4 (AVX-512)
+
 namespace voxlane {
 
 inline void rms_row(const float* in, const float* weight, double eps, int64_t D, float* out) {
@@ -84,6 +86,62 @@ inline void write_kv(const AttentionArgs& a, int64_t t) {
   std::copy(src + (H + Hkv + g) * d, src + (H + Hkv + g + 1) * d, slot_values + pos * d);
 }
 
+#if defined(VOXLANE_GEMM)
+// Attention's two products with 512-bit vectors, for a long row of keys (a prompt's rows attend up
+// to all of its keys; the plain loops above reduce each 64-value dot product to a float on its own
+// and add every weighted value into memory).
+// scores[r * n_keys + j] = q_r . key_j * scale for the first n_keys - n_keys % 16 keys, 16 at a time:
+// 16 dot products kept as vectors, reduced 4 at a time (gemm::hsum4). -> the keys done.
+inline int64_t scores_by_16(const float* q, int64_t R, const float* keys, int64_t n_keys, int64_t d, float scale,
+                            float* scores) {
+  const int64_t n16 = n_keys / 16 * 16, chunks = d / 16;
+  const __m128 s = _mm_set1_ps(scale);
+  for (int64_t r = 0; r < R; ++r) {
+    __m512 qv[8];
+    for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm512_loadu_ps(q + r * d + 16 * c);
+    for (int64_t j0 = 0; j0 < n16; j0 += 16) {
+      __m512 acc[16];
+      for (int jj = 0; jj < 16; ++jj) {
+        const float* key = keys + (j0 + jj) * d;
+        acc[jj] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(key));
+        for (int64_t c = 1; c < chunks; ++c) acc[jj] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(key + 16 * c), acc[jj]);
+      }
+      for (int k = 0; k < 4; ++k)
+        _mm_storeu_ps(scores + r * n_keys + j0 + 4 * k,
+                      _mm_mul_ps(gemm::hsum4(acc[4 * k], acc[4 * k + 1], acc[4 * k + 2], acc[4 * k + 3]), s));
+    }
+  }
+  return n16;
+}
+
+// out[r] = sum_j p[r][j] / total[r] * value_j for the R heads (d = 16 * D16), the outputs of up to
+// 20 / D16 heads held in registers while the values pass once.
+template <int D16>
+inline void weigh_values(const AttentionScratch& scratch, int64_t R, int64_t n_keys, const float* values, float* out) {
+  constexpr int kHeads = D16 == 4 ? 5 : 2;
+  for (int64_t r0 = 0; r0 < R; r0 += kHeads) {
+    const int heads = static_cast<int>(std::min<int64_t>(kHeads, R - r0));
+    __m512 acc[kHeads][D16];
+    for (int h = 0; h < kHeads; ++h)
+      for (int c = 0; c < D16; ++c) acc[h][c] = _mm512_setzero_ps();
+    const float* p[kHeads];
+    for (int h = 0; h < heads; ++h) p[h] = scratch.scores.data() + (r0 + h) * n_keys;
+    for (int64_t j = 0; j < n_keys; ++j) {
+      __m512 v[D16];
+      for (int c = 0; c < D16; ++c) v[c] = _mm512_loadu_ps(values + j * 16 * D16 + 16 * c);
+      for (int h = 0; h < heads; ++h) {
+        const __m512 w = _mm512_set1_ps(p[h][j]);
+        for (int c = 0; c < D16; ++c) acc[h][c] = _mm512_fmadd_ps(w, v[c], acc[h][c]);
+      }
+    }
+    for (int h = 0; h < heads; ++h) {
+      const __m512 inv = _mm512_set1_ps(scratch.inv_total[r0 + h]);
+      for (int c = 0; c < D16; ++c) _mm512_storeu_ps(out + (r0 + h) * 16 * D16 + 16 * c, _mm512_mul_ps(acc[h][c], inv));
+    }
+  }
+}
+#endif
+
 // Task t = (row b, kv head g): the R query heads of the row that share kv head g attend keys
 // first..position of the row's slot (written before: by earlier steps, or by write_kv for every
 // row of this call, which is what makes a prompt chunk's rows causal), each key and value read
@@ -103,7 +161,11 @@ inline void attend(const AttentionArgs& a, int64_t t, AttentionScratch& scratch)
   // HF's grouping: query head h = g * R + r uses kv head g.
   for (int64_t r = 0; r < R; ++r) rope_into(src + (g * R + r) * d, c, s, d, scratch.q.data() + r * d);
   scratch.scores.resize(R * n_keys);
-  for (int64_t j = 0; j < n_keys; ++j) {
+  int64_t j0 = 0;
+#if defined(VOXLANE_GEMM)
+  if (d % 16 == 0 && d <= 128) j0 = scores_by_16(scratch.q.data(), R, keys, n_keys, d, a.scale, scratch.scores.data());
+#endif
+  for (int64_t j = j0; j < n_keys; ++j) {
     const float* key = keys + j * d;
     for (int64_t r = 0; r < R; ++r) {
       const float* qr = scratch.q.data() + r * d;
@@ -122,6 +184,10 @@ inline void attend(const AttentionArgs& a, int64_t t, AttentionScratch& scratch)
     scratch.inv_total[r] = 1.f / total;
   }
   float* out = a.out + b * H * d + g * R * d;  // [R, d]: the group's heads are adjacent in y
+#if defined(VOXLANE_GEMM)
+  if (d == 64 || d == 128) return d == 64 ? weigh_values<4>(scratch, R, n_keys, values, out)
+                                          : weigh_values<8>(scratch, R, n_keys, values, out);
+#endif
   std::fill(out, out + R * d, 0.f);
   for (int64_t j = 0; j < n_keys; ++j) {
     const float* value = values + j * d;

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine import gguf_formats as fmt
+from engine import kernels as K
 from engine.kv_cache import KVCache
 from engine.loader import load_model
 from engine.native_weights import QuantWeight, load_native_model
@@ -20,7 +21,8 @@ ROWS = (1, 3, 8, 43, 300)
 
 @pytest.fixture(params=["amx", "fma"])
 def path(request, ops):
-    """Each GEMM path this machine has: AMX bf16 tiles (hi/lo splits) and the 512-bit FMA tile."""
+    """Each GEMM path this machine has: AMX bf16 tiles (our int8 weights; activations split hi/lo) and
+    the 512-bit FMA tile (every format; and int8 with AMX off)."""
     amx = ops.set_prefill_amx(request.param == "amx")
     if request.param == "amx" and not amx:
         ops.set_prefill_amx(True)
@@ -108,3 +110,20 @@ def test_one_call_prefill_of_a_long_chunk_equals_8_row_chunks(ops, path, smollm2
     assert l1.argmax().item() == l8.argmax().item()
     assert (k1 - k8).abs().max().item() < 1e-4 * (1 + k8.abs().max().item())
     assert (v1 - v8).abs().max().item() < 1e-4 * (1 + v8.abs().max().item())
+
+
+@pytest.mark.parametrize("H, Hkv, d", [(9, 3, 64), (14, 2, 64), (12, 2, 128)])  # SmolLM2, Qwen2.5 0.5B, 1.5B
+@pytest.mark.parametrize("window", [0, 100])
+def test_attention_over_long_rows_of_keys(ops, H, Hkv, d, window):
+    """A prompt's rows attend hundreds of keys: 16 at a time and the weighted values in registers
+    (decode_ops.h), against torch, at 300, 37, 16 and 1 keys (tails of 12, 5, 0 and 1 key)."""
+    S, L = 4, 320
+    g = torch.Generator().manual_seed(H * d + window)
+    k_cache, v_cache = torch.randn(S, Hkv, L, d, generator=g), torch.randn(S, Hkv, L, d, generator=g)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    qkv = torch.randn(4, (H + 2 * Hkv) * d, generator=g) * 2
+    cos, sin = torch.randn(4, d, generator=g), torch.randn(4, d, generator=g)
+    slots, positions = torch.tensor([0, 1, 2, 3]), torch.tensor([299, 36, 15, 0])
+    got = ops.decode_attention(qkv, cos, sin, k_cache, v_cache, slots, positions, H, Hkv, window)
+    expected = K.decode_attention_reference(qkv, cos, sin, k_ref, v_ref, slots, positions, H, Hkv, window)
+    assert (got - expected).abs().max().item() < 1e-5 * (1 + expected.abs().max().item())
