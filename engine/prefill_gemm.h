@@ -118,6 +118,14 @@ struct XPack {
 #if defined(VOXLANE_GEMM)
 namespace gemm {
 
+// The next panel's weight bytes into L2 while this one is multiplied: at a short chunk (~40 rows) a
+// panel's products take less time than reading its bytes from memory, and nothing else asks for them
+// before the next panel's expansion does.
+inline void prefetch_panel(const uint8_t* data, int64_t row_bytes, int64_t p0, int64_t p1) {
+  const char* begin = reinterpret_cast<const char*>(data + p0 * row_bytes);
+  for (int64_t offset = 0; offset < (p1 - p0) * row_bytes; offset += 64) _mm_prefetch(begin + offset, _MM_HINT_T1);
+}
+
 constexpr int kR = 4, kM = 6;  // the register tile: weight rows x activation rows
 constexpr int64_t kPanel = 16;   // weight rows expanded at a time (16 x K fp32: 36-96 KB, in L2)
 
@@ -293,6 +301,7 @@ inline void int8_weights(const uint8_t* data, int64_t row_bytes, int64_t K, cons
   for (int64_t p0 = n0; p0 < n1; p0 += 16) {
     const int64_t rows = std::min<int64_t>(16, n1 - p0);
     int8_rows(data, row_bytes, K, xp.Kp, p0, rows, a.data());
+    gemm::prefetch_panel(data, row_bytes, p0 + 16, std::min<int64_t>(n1, p0 + 32));
     panel(a.data(), xp, p0, rows, row_scale, bias, y, ldy);
   }
   _tile_release();
@@ -323,6 +332,7 @@ inline void gemm_format(const uint8_t* data, int64_t row_bytes, int64_t K, const
   float sums[gemm::kR * gemm::kM];
   for (int64_t p0 = n0; p0 < n1; p0 += gemm::kPanel) {  // a panel of weight rows, expanded once
     const int64_t p1 = std::min(n1, p0 + gemm::kPanel);
+    gemm::prefetch_panel(data, row_bytes, p1, std::min(n1, p1 + gemm::kPanel));
     const float* w;
     if constexpr (std::is_same_v<B, gguf::BlockF32>) {
       w = reinterpret_cast<const float*>(data + p0 * row_bytes);  // already fp32 rows of K
