@@ -1,17 +1,18 @@
 // The prompt path's matrix product: y[m, n] = x[m, :] . W[n, :] for many activation rows at once
 // (a prefill chunk: tens to hundreds of rows), fp32 activations and accumulation, weights in any
 // format of gguf_blocks.h. The result is the exact product with the file's dequantized weights (only
-// the summation order differs), like quant_matmul.h's small-batch path.
+// the summation order differs), like quant_matmul.h's small-batch path; with AMX (our int8 weights
+// only, below) the activations are carried to 2^-18 of themselves instead of fp32's 2^-24.
 //
 // Why a second path: quant_matmul.h is built for 1-8 rows, where reading the weights is the cost:
 // each block is expanded to fp32 in registers and multiplied into at most 8 rows, so a chunk of 43
 // rows expands every weight 6 times and runs 256-bit FMAs whose other operand is a load (1 weight
-// row x 8 activation rows). Here a task's weight rows are expanded once into an fp32 buffer (thread
-// local, L2-sized: 16-32 rows x K), then a register tile of 4 weight rows x 6 activation rows
+// row x 8 activation rows). Here a task's weight rows are expanded once per panel of 16 into an fp32
+// buffer (thread local, 36-96 KB: L2), then a register tile of 4 weight rows x 6 activation rows
 // (24 accumulators of 16 lanes) runs over K with 512-bit FMAs: per 16 k, 10 loads for 24 FMAs, so
 // the FMA units, not the loads, set the pace. The 4 x 6 sums are reduced 4 at a time (one
-// vector of the 4 weight rows' sums per activation row). AVX-512F only; elsewhere matvec keeps the
-// small-batch path for every M.
+// vector of the 4 weight rows' sums per activation row). AVX-512F + DQ only; elsewhere matvec keeps
+// the small-batch path for every M.
 #pragma once
 
 #include <algorithm>
