@@ -24,8 +24,9 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from pipeline.asr.whisper import WhisperTranscriber
+from pipeline.asr.whisper import ASRResult, WhisperTranscriber
 from pipeline.config import ASRConfig
+from pipeline.endpointing.last_word import LastWord, timed_last_word
 from pipeline.frames import Frame, Interrupt, SpeechPaused, Transcript, TurnAudioEnd, TurnDone, UserAudio
 from pipeline.stage import Stage
 from pipeline.waterfall import WaterfallBook
@@ -78,7 +79,10 @@ class ASRStage(Stage):
         self._head_text = ""  # words before a long pause, kept as heard; the buffer holds what follows
         self._head_text_logprob: float | None = None
         self._voiced_end = 0  # _num_samples at the end of the last voiced frame
-        self._partial: tuple[int, str, float | None] | None = None  # (_num_samples it covered, text, confidence)
+        self._buffered = 0  # samples in the buffer Whisper reads (long silences are not kept)
+        self._buffered_voiced_end = 0  # _buffered at the end of the last voiced frame
+        self._partial: tuple[int, str, float | None, LastWord | None] | None = None
+        # (_num_samples it covered, text, confidence, its last word)
 
     def before_purge(self, interrupt: Interrupt, queued) -> None:
         if interrupt.reason == "resume":
@@ -93,6 +97,7 @@ class ASRStage(Stage):
         self._head, self._head_text, self._head_logprob, self._head_text_logprob = "", "", None, None
         self._last_partial_at, self._is_final_sent = 0, False
         self._voiced_end, self._partial = 0, None
+        self._buffered, self._buffered_voiced_end = 0, 0
 
     def _buffer(self) -> np.ndarray:
         if len(self._chunks) > 1:
@@ -112,6 +117,7 @@ class ASRStage(Stage):
                         # heard, and only what follows is transcribed (with a gap's worth of silence).
                         self._head_text, self._head_text_logprob = self._head, self._head_logprob
                         self._chunks = [np.zeros(MAX_GAP_MS * RATE // 1000, np.float32)]
+                        self._buffered, self._buffered_voiced_end = len(self._chunks[0]), 0
                         self._partial = None  # it read the old buffer
                 else:
                     self._reset(frame.gen)
@@ -119,9 +125,10 @@ class ASRStage(Stage):
             self._silent_run = 0 if frame.is_speech else self._silent_run + len(frame.samples)
             if self._silent_run <= MAX_GAP_MS * RATE // 1000:
                 self._chunks.append(frame.samples)
+                self._buffered += len(frame.samples)
             self._num_samples += len(frame.samples)
             if frame.is_speech:
-                self._voiced_end = self._num_samples
+                self._voiced_end, self._buffered_voiced_end = self._num_samples, self._buffered
             if is_silence_onset and self.config.is_partial_enabled and not self._is_read_to_the_end():
                 # the words so far, ready before the pause; read as a final would be (a decode that
                 # loops is tried again, not skipped: the final would only have to read it again)
@@ -147,9 +154,10 @@ class ASRStage(Stage):
 
     def _partial_now(self, gen: int, is_final_read: bool = False) -> Iterable[Frame]:
         self._last_partial_at = self._num_samples
-        result = self.transcriber.transcribe(self._buffer(), self.language(), is_partial=not is_final_read)
+        result = self.transcriber.transcribe(self._buffer(), self.language(), is_partial=not is_final_read,
+                                             with_last_word=is_final_read)
         confidence = min((seg.avg_logprob for seg in result.segments), default=None)
-        self._partial = (self._num_samples, result.text, confidence) if result.text else None
+        self._partial = (self._num_samples, result.text, confidence, self._last_word(result)) if result.text else None
         if result.text and not self.is_stale(gen):
             yield Transcript(gen=gen, text=join_words(self._head_text, result.text), is_final=False,
                              is_at_silence=is_final_read)
@@ -157,20 +165,30 @@ class ASRStage(Stage):
     def _final(self, gen: int, is_end: bool) -> Iterable[Frame]:
         if self._is_read_to_the_end():
             # The last partial read every voiced frame of this buffer: its words are the final's.
-            text, confidence = self._partial[1], self._partial[2]
+            _, text, confidence, last_word = self._partial
             self.book.set(gen, "asr_final_reused", 1)
         else:
-            result = self.transcriber.transcribe(self._buffer(), self.language())
+            result = self.transcriber.transcribe(self._buffer(), self.language(), with_last_word=True)
             text, confidence = result.text, min((seg.avg_logprob for seg in result.segments), default=None)
+            last_word = self._last_word(result)
             if result.dropped:
                 log.info("ASR dropped: %s", "; ".join(result.dropped))
-        yield from self._send_final(gen, is_end, text, confidence)
+        yield from self._send_final(gen, is_end, text, confidence, last_word)
+
+    def _last_word(self, result: ASRResult) -> LastWord | None:
+        """The read's last word against the voice in the buffer it read (None: not timed)."""
+        timing = result.last_word
+        if timing is None:
+            return None
+        return timed_last_word(timing.word, timing.start_s, timing.end_s, timing.probability,
+                               self._buffered_voiced_end)
 
     def _is_read_to_the_end(self) -> bool:
         """Whether the last partial's buffer held every voiced frame heard so far."""
         return self._partial is not None and self._partial[0] >= self._voiced_end
 
-    def _send_final(self, gen: int, is_end: bool, text: str, confidence: float | None) -> Iterable[Frame]:
+    def _send_final(self, gen: int, is_end: bool, text: str, confidence: float | None,
+                    last_word: LastWord | None = None) -> Iterable[Frame]:
         if self._head_text and text:
             confidence = joined_confidence(self._head_text, self._head_text_logprob, text, confidence)
             text = join_words(self._head_text, text)
@@ -179,7 +197,12 @@ class ASRStage(Stage):
         if text:
             self._is_final_sent, self._head, self._head_logprob = True, text, confidence
             self.book.mark(gen, "asr_final", time.monotonic())
-            yield Transcript(gen=gen, text=text, is_final=True, avg_logprob=confidence)
+            if confidence is not None:
+                self.book.set(gen, "words_logprob", round(confidence, 3))
+            if last_word is not None:
+                self.book.set(gen, "last_word", f"{last_word.word} {last_word.start_ms:.0f}-{last_word.end_ms:.0f}"
+                              f"/{last_word.voiced_end_ms:.0f} p{last_word.probability:.2f}")
+            yield Transcript(gen=gen, text=text, is_final=True, avg_logprob=confidence, last_word=last_word)
         elif is_end:  # VAD heard something, Whisper found no words in it: no turn
             self._is_final_sent = True
             self.book.set(gen, "dropped", "no words recognized")

@@ -30,6 +30,28 @@ class ASRResult:
     text: str
     segments: list[Segment] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    last_word: WordTiming | None = None  # asked for with ``with_last_word`` (short-context reads only)
+
+
+@dataclass(frozen=True)
+class WordTiming:
+    """Where Whisper's cross-attention puts one word in the buffer it read (seconds from its start,
+    20 ms steps), and the word's mean token probability."""
+
+    word: str
+    start_s: float
+    end_s: float
+    probability: float
+
+
+def last_spoken_word(alignment: list[dict]) -> WordTiming | None:
+    """The last entry of a faster-whisper alignment with a letter or digit in it (Whisper's final
+    "?" or "." is a word of its own there)."""
+    for entry in reversed(alignment):
+        if any(ch.isalnum() for ch in entry["word"]):
+            return WordTiming(entry["word"].strip(), float(entry["start"]), float(entry["end"]),
+                              float(entry["probability"]))
+    return None
 
 
 def repeats_itself(text: str, n: int = 4) -> bool:
@@ -86,17 +108,22 @@ class WhisperTranscriber:
             tokenizer = self._tokenizers[key]
         return tokenizer, list(tokenizer.sot_sequence) + [tokenizer.no_timestamps]
 
-    def _short_context(self, audio: np.ndarray, language: str | None, is_partial: bool = False) -> Segment | None:
+    def _short_context(self, audio: np.ndarray, language: str | None, is_partial: bool = False,
+                       with_last_word: bool = False) -> tuple[Segment, WordTiming | None] | None:
         """Decodes (audio + pad) only; a whole-utterance repeat keeps one copy, another loop is
         decoded once more with more pad (not for a partial: it is just skipped); None when that
         loops too (the caller falls back)."""
-        segment = self._decode_padded(audio, language, self.config.context_pad_s)
-        if segment is None and not is_partial and self.config.loop_retry_pad_s > 0:
-            segment = self._decode_padded(audio, language, self.config.context_pad_s + self.config.loop_retry_pad_s)
-        return segment
+        read = self._decode_padded(audio, language, self.config.context_pad_s, with_last_word)
+        if read is None and not is_partial and self.config.loop_retry_pad_s > 0:
+            read = self._decode_padded(audio, language, self.config.context_pad_s + self.config.loop_retry_pad_s,
+                                       with_last_word)
+        return read
 
-    def _decode_padded(self, audio: np.ndarray, language: str | None, pad_s: float) -> Segment | None:
-        """One decode over audio + ``pad_s`` of silence; None when it looks like a loop."""
+    def _decode_padded(self, audio: np.ndarray, language: str | None, pad_s: float,
+                       with_last_word: bool = False) -> tuple[Segment, WordTiming | None] | None:
+        """One decode over audio + ``pad_s`` of silence; None when it looks like a loop. With
+        ``with_last_word``, also where the text's last word lies (one alignment pass of the
+        decoder over the same encoder output, as faster-whisper's ``word_timestamps`` does)."""
         import ctranslate2
         from faster_whisper.transcribe import get_compression_ratio
 
@@ -119,20 +146,26 @@ class WhisperTranscriber:
         if len(ids) >= max_new or ratio > self.config.max_compression_ratio or repeats_itself(text):
             return None
         avg_logprob = result.scores[0] * len(ids) / (len(ids) + 1)  # scores are length-normalized
-        return Segment(text, float(result.no_speech_prob), float(avg_logprob), float(ratio))
+        last_word = None
+        if with_last_word and ids:
+            last_word = last_spoken_word(self.model.find_alignment(tokenizer, [ids], encoded, frames)[0])
+        return Segment(text, float(result.no_speech_prob), float(avg_logprob), float(ratio)), last_word
 
-    def transcribe(self, audio: np.ndarray, language: str | None = "en", is_partial: bool = False) -> ASRResult:
+    def transcribe(self, audio: np.ndarray, language: str | None = "en", is_partial: bool = False,
+                   with_last_word: bool = False) -> ASRResult:
         """``audio``: 16 kHz mono float32. Greedy (or beam) decoding, no timestamps, no context.
         A partial never takes the slow 30 s fallback: audio cut mid-word loops more often, and a
-        partial that costs 0.8 s would delay the final behind it. It is just skipped."""
+        partial that costs 0.8 s would delay the final behind it. It is just skipped.
+        ``with_last_word``: also time the last word (``ASRResult.last_word``; short-context reads)."""
         if len(audio) < 1600:  # under 0.1 s: nothing a person says fits
             return ASRResult("")
         with self._slots:
             if self.config.is_short_context and len(audio) < 16000 * (30 - self.config.context_pad_s):
-                segment = self._short_context(audio.astype(np.float32, copy=False), language, is_partial)
-                if segment is not None:
+                read = self._short_context(audio.astype(np.float32, copy=False), language, is_partial, with_last_word)
+                if read is not None:
+                    segment, last_word = read
                     text, dropped = keep_segments([segment], self.config)
-                    return ASRResult(text, [segment], dropped)
+                    return ASRResult(text, [segment], dropped, last_word if text else None)
                 if is_partial:
                     return ASRResult("", [], ["partial skipped: looked like a decoder loop"])
             segments, _ = self.model.transcribe(

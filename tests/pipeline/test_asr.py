@@ -80,8 +80,8 @@ def test_a_loop_is_decoded_again_with_more_pad_before_the_slow_fallback(transcri
     "Remind me ..." is read right at 2.0 s of pad, the cats clip loops at both)."""
     pads, fallbacks = [], []
     original_decode, original_full = transcriber._decode_padded, transcriber.model.transcribe
-    transcriber._decode_padded = lambda audio, language, pad_s: pads.append(pad_s) or original_decode(audio, language,
-                                                                                                      pad_s)
+    transcriber._decode_padded = lambda audio, language, pad_s, *rest: pads.append(pad_s) or original_decode(
+        audio, language, pad_s, *rest)
     transcriber.model.transcribe = lambda *a, **k: fallbacks.append(1) or original_full(*a, **k)
     before = transcriber.config
     transcriber.config = ASRConfig(context_pad_s=0.5, loop_retry_pad_s=1.5)

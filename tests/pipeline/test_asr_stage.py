@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.asr.stage import ASRStage
-from pipeline.asr.whisper import ASRResult
+from pipeline.asr.whisper import ASRResult, WordTiming
 from pipeline.config import ASRConfig
 from pipeline.frames import SpeechPaused, Transcript, UserAudio
 from pipeline.waterfall import WaterfallBook
@@ -19,9 +19,12 @@ class ScriptedTranscriber:
     def __init__(self):
         self.calls: list[tuple[int, bool]] = []  # (frames in the buffer, is_partial: skipped if it loops)
 
-    def transcribe(self, audio, language="en", is_partial=False) -> ASRResult:
+    def transcribe(self, audio, language="en", is_partial=False, with_last_word=False) -> ASRResult:
         self.calls.append((len(audio) // FRAME, is_partial))
-        return ASRResult(f"{len(audio) // FRAME} frames")
+        # the last word, when asked for: timed over the buffer's last two frames
+        end_s = len(audio) / 16000
+        last = WordTiming("frames", end_s - 2 * FRAME / 16000, end_s, 0.9) if with_last_word else None
+        return ASRResult(f"{len(audio) // FRAME} frames", last_word=last)
 
 
 def feed(stage: ASRStage, pattern: str, gen: int = 1) -> list[Transcript]:
@@ -60,3 +63,22 @@ def test_voice_after_that_read_makes_the_pause_read_again():
     feed(stage, "P")
     assert transcriber.calls == [(6, False), (7, False)]  # the final reads the whole buffer itself
     assert "asr_final_reused" not in book.get(1)["counts"]
+
+
+def test_the_final_carries_its_last_word_against_the_voice_of_the_buffer_it_read():
+    stage, transcriber, book = make_stage()
+    [_, final] = feed(stage, "vvvvvvvvvv......P")
+    # read at the first silent frame: 11 frames, the word timed over frames 9-11, the voice ending after frame 10
+    word = final.last_word
+    assert (word.start_ms, word.end_ms, word.voiced_end_ms) == (288.0, 352.0, 320.0)
+    assert word.voiced_ms == 32.0
+    assert book.get(1)["counts"]["last_word"].startswith("frames 288-352/320")
+    # after a long pause only the audio after it is read, behind a gap of silence: the voiced end
+    # is counted in that buffer, not in the utterance
+    stage, transcriber, book = make_stage()
+    feed(stage, "vvvvvvvvvv......P")
+    stage._carry = (1, 2)
+    transcripts = feed(stage, "." * 14, gen=1) + feed(stage, "vvvvv..P", gen=2)
+    final = [t for t in transcripts if t.is_final][-1]
+    gap_ms = 320  # MAX_GAP_MS of silence starts the new buffer
+    assert final.last_word.voiced_end_ms == gap_ms + 5 * 32
