@@ -24,12 +24,18 @@ log-probability was -0.51 to -0.99 on the four misheard fragments, -0.04 to -0.5
 request. Below ``UNSURE_WORDS_LOGPROB`` the words cannot say "finished": the text counts as
 doubtful (``DOUBTFUL_TEXT``), and the turn waits unless the voice is very sure. (Chosen on that
 same set: three of the four misheard fragments fall below it; a held-out set should confirm it.)
+
+Whisper also completes fragments with sure-sounding words: "What should I cook for" + a pause is
+read "What should I cook for her?" (-0.33), and the text then rightly reads finished. The last
+word's timing against the voice (``last_word.is_doubtful``: invented words lie after the voice,
+misheard function words come out as unsure pronouns) makes such words doubtful too.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+from pipeline.endpointing.last_word import LastWord, is_doubtful
 from pipeline.persona.persona import Endpointing
 
 TEXT_PIVOT = 0.02  # sentence-end probability that counts as even odds (calibration above)
@@ -43,12 +49,15 @@ def _logit(p: float) -> float:
     return math.log(p / (1 - p))
 
 
-def fuse(p_audio: float | None, p_text: float | None, words_logprob: float | None = None) -> float | None:
+def fuse(p_audio: float | None, p_text: float | None, words_logprob: float | None = None,
+         last_word: LastWord | None = None) -> float | None:
     """P(turn complete) from whichever signals are present; None when there is none.
-    ``words_logprob``: Whisper's confidence in the words the text signal read."""
+    ``words_logprob``: Whisper's confidence in the words the text signal read; ``last_word``: their
+    last word against the voice (None: not timed, or not to be checked)."""
     if p_audio is None and p_text is None:
         return None
-    if p_text is not None and words_logprob is not None and words_logprob < UNSURE_WORDS_LOGPROB:
+    is_unsure = words_logprob is not None and words_logprob < UNSURE_WORDS_LOGPROB
+    if p_text is not None and (is_unsure or is_doubtful(last_word)):
         p_text = min(p_text, DOUBTFUL_TEXT)
     z = 0.0
     if p_text is not None:
@@ -81,6 +90,7 @@ class PauseSignals:
         self.expected = {kind for kind, on in (("audio", expects_audio), ("text", expects_text)) if on}
         self.values: dict[str, float | None] = {}
         self.words_logprob: float | None = None  # Whisper's confidence in the words of the text signal
+        self.last_word: LastWord | None = None  # their last word against the voice
 
     def add(self, kind: str, value: float | None) -> None:
         self.values[kind] = value
@@ -98,7 +108,8 @@ class PauseSignals:
         if not self.is_ready:
             return None
         p_audio, p_text = self.values.get("audio"), self.values.get("text")
-        p = fuse(p_audio, p_text, self.words_logprob)
+        last_word = self.last_word if endpointing.is_last_word_checked else None
+        p = fuse(p_audio, p_text, self.words_logprob, last_word)
         # No signal at all (no model, no words): nothing says it is finished, so wait the long silence.
         is_complete = p is not None and p >= endpointing.threshold
         wait = endpointing.short_silence_ms if is_complete else endpointing.long_silence_ms

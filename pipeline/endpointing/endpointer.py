@@ -16,6 +16,7 @@ import numpy as np
 
 from pipeline.endpointing.audio_signal import AudioTurnScorer
 from pipeline.endpointing.decision import PauseSignals, Verdict, end_silence_ms
+from pipeline.endpointing.last_word import LastWord
 from pipeline.persona.persona import Endpointing
 
 
@@ -32,7 +33,8 @@ class Endpointer:
         self._endpointing = Endpointing()
         self._verdict: Verdict | None = None
         self._answered: int | None = None  # the turn whose answer started (its probe may come early)
-        self._early_text: tuple[int, float | None, float | None] | None = None  # (gen, p_text, words_logprob)
+        self._early_text: tuple[int, float | None, float | None, LastWord | None] | None = None
+        # (gen, p_text, words_logprob, last_word)
 
     def on_answer(self, gen: int) -> None:
         """The answer to turn ``gen``'s words starts, before its pause is judged (semantic mode)."""
@@ -47,7 +49,7 @@ class Endpointer:
             early, self._early_text = self._early_text, None
             if early is not None and early[0] == gen:  # the words were probed as the answer started
                 self._signals.add("text", early[1])
-                self._signals.words_logprob = early[2]
+                self._signals.words_logprob, self._signals.last_word = early[2], early[3]
         if self.scorer is not None:
             self.scorer.submit(gen, audio, lambda g, p: self._add(g, "audio", p))
         else:
@@ -61,15 +63,17 @@ class Endpointer:
             return self.can_probe_text and self._answered == gen and \
                 (self._early_text is None or self._early_text[0] != gen)
 
-    def add_text(self, gen: int, p_text: float | None, words_logprob: float | None = None) -> None:
-        """The text signal, with Whisper's confidence in the words it read (avg log-probability).
-        Before turn ``gen``'s pause is judged it is kept for that pause."""
+    def add_text(self, gen: int, p_text: float | None, words_logprob: float | None = None,
+                 last_word: LastWord | None = None) -> None:
+        """The text signal, with Whisper's confidence in the words it read (avg log-probability) and
+        their last word's timing against the voice. Before turn ``gen``'s pause is judged it is
+        kept for that pause."""
         with self._lock:
             if self._signals is None or self._signals.gen != gen:
                 if self._answered == gen:
-                    self._early_text = (gen, p_text, words_logprob)
+                    self._early_text = (gen, p_text, words_logprob, last_word)
                 return
-            self._signals.words_logprob = words_logprob
+            self._signals.words_logprob, self._signals.last_word = words_logprob, last_word
         self._add(gen, "text", p_text)
 
     def _add(self, gen: int, kind: str, value: float | None) -> None:

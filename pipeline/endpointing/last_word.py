@@ -37,23 +37,22 @@ def timed_last_word(word: str, start_s: float, end_s: float, probability: float,
 
 MIN_VOICED_SHARE = 0.5  # a last word less than half over voiced audio was not heard but invented ...
 HEARD_MS = 200  # ... unless this much voice lies under it (Whisper may stretch a heard word, "puppy?.", into the silence)
-SQUEEZED_MS = 20  # Whisper's alignment step: a word given no more than this had no sound of its own
 UNSURE_PRONOUN_P = 0.6  # a final pronoun read with less than this is a misheard function word
 PRONOUNS = frozenset({"it", "them", "her", "him", "this", "that"})  # what Whisper turns "for", "the", "a" into
 
 
 def is_doubtful(last_word: LastWord | None) -> bool:
-    """Whether the last word cannot be trusted to finish the sentence: it lies mostly after the
-    voice or is squeezed to nothing (invented: "What should I cook for | her?"), or it is an object
-    pronoun Whisper was unsure of (a trailing "the" or "a" read as "them": "Who painted them?").
-    Chosen on ``bench turns``'s dev set, where no finished request's last word is either; ``HEARD_MS``
-    was added after the held-out set's "What is a good name for a puppy?." (the word and its "?."
-    timed 1680-3360 ms, the voice ending at 2176), see docs/pipeline.md."""
+    """Whether the last word cannot be trusted to finish the sentence: it starts where the voice
+    has ended, or lies mostly after it with little voice under it (invented: "What should I cook
+    for | her?"), or it is an object pronoun Whisper was unsure of (a trailing "the" or "a" read as
+    "them": "Who painted them?"). A word Whisper squeezed to no length inside the voice ("ocean"
+    2040-2040 ms, the voice ending at 2176) is heard. How these rules were chosen, set by set:
+    docs/pipeline.md ("Where it still cuts")."""
     if last_word is None:
         return False
-    duration = last_word.end_ms - last_word.start_ms
-    if duration <= SQUEEZED_MS:
+    if last_word.start_ms >= last_word.voiced_end_ms:
         return True
+    duration = last_word.end_ms - last_word.start_ms
     if last_word.voiced_ms < MIN_VOICED_SHARE * duration and last_word.voiced_ms < HEARD_MS:
         return True
     word = last_word.word.strip(".,?!;:…'\"").lower()

@@ -46,6 +46,7 @@ class Endpointing:
     short_silence_ms: int = 200  # "semantic": silence that ends a turn judged finished
     long_silence_ms: int = 1600  # "semantic": the most a turn judged unfinished waits before it ends anyway
     threshold: float = 0.5  # "semantic": P(turn complete) from which the turn is judged finished
+    is_last_word_checked: bool = True  # "semantic": a last word with no voice under it cannot finish a sentence
 
     def __post_init__(self) -> None:
         check(self.mode in ENDPOINTING_MODES, "mode", f"must be one of {', '.join(ENDPOINTING_MODES)}, got {self.mode!r}")
