@@ -1,7 +1,10 @@
 """``voxlane bench turns``: does the assistant wait through a thinking pause, and answer a finished
 question fast? Per end-of-turn mode, on a labelled set built here (bench/turn_set.py).
 
-    voxlane bench turns [--modes semantic,silence] [--sentences 24] [--json]
+    voxlane bench turns [--set dev|held-out|held-out-2] [--modes semantic,silence] [--sentences 24] [--json]
+
+``--modes`` also takes ``semantic-no-last-word`` (semantic without the last-word check), for a
+before/after of that check in one run.
 
 Each item is fed in real time to a fresh session, once per mode (alternating, so both modes see
 the same machine load). Reported per mode:
@@ -22,11 +25,14 @@ import sys
 from app.commands.converse import add_model_arguments, app_config, load_models, make_pipeline, pick_persona
 from app.scripted_user import InputAudio, ScriptedUser
 from bench.latency import summary
-from bench.turn_set import TurnItem, load_turn_set
+from bench.turn_set import SETS, TurnItem, load_turn_set
 from pipeline.frames import SpeechEnded
 from pipeline.persona.persona import Persona
 
 MODES = ("semantic", "silence")
+# Variants a run can compare besides the modes: the persona's endpointing with these changes.
+VARIANTS = {"semantic": {"mode": "semantic"}, "silence": {"mode": "silence"},
+            "semantic-no-last-word": {"mode": "semantic", "is_last_word_checked": False}}
 CUT_MARGIN_SAMPLES = 1600  # a SpeechEnded within 100 ms after the pause is still "inside" it (VAD lateness)
 
 
@@ -49,12 +55,18 @@ def run_item(models, persona: Persona, config, item: TurnItem, session: str) -> 
         ms = last.waterfall.get("ms", {})
         if "turn_end_detected" in ms:
             waited_ms = ms["turn_end_detected"]
-    p_complete = last.waterfall.get("counts", {}).get("p_complete") if last else None
+    counts = last.waterfall.get("counts", {}) if last else {}
+    p_complete = counts.get("p_complete")
     missed, late = end_outcome(item.is_complete, persona.endpointing, waited_ms, p_complete)
+    # the signals of the first turn, for re-fusing offline: a cut item's are its fragment's (a paused
+    # item that waited reports one turn, the resumed utterance, with the signals of its last pause)
+    first = result.turns[0].waterfall.get("counts", {}) if result.turns else {}
+    signals = {name: first.get(name) for name in ("p_audio", "p_text", "words_logprob", "last_word")}
     return {"item": item.name, "voice": item.voice, "complete": item.is_complete, "noisy": item.is_noisy,
             "turns": len(result.turns), "false_cut": cut, "missed_end": missed, "late_verdict": late,
             "heard": last.user if last else "", "end_wait_ms": waited_ms,
-            "voice_to_voice_ms": last.voice_to_voice_ms if last else None, "p_complete": p_complete}
+            "voice_to_voice_ms": last.voice_to_voice_ms if last else None, "p_complete": p_complete,
+            "first_pause": {"heard": result.turns[0].user if result.turns else "", **signals}}
 
 
 def end_outcome(is_complete: bool, endpointing, waited_ms: float | None, p_complete: float | None) -> tuple[bool, bool]:
@@ -89,6 +101,8 @@ def mode_report(rows: list[dict]) -> dict:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="voxlane bench turns", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--set", default="dev", choices=tuple(SETS), dest="turn_set",
+                        help="the sentences: dev (the rules were chosen on it) or a held-out set (report on it)")
     parser.add_argument("--modes", default=",".join(MODES), help="end-of-turn modes to compare, alternately")
     parser.add_argument("--sentences", type=int, default=None, help="use the first N sentences (2 items each)")
     parser.add_argument("--json", action="store_true")
@@ -97,8 +111,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     for mode in modes:
-        if mode not in MODES:
-            parser.error(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
+        if mode not in VARIANTS:
+            parser.error(f"unknown mode {mode!r} (known: {', '.join(VARIANTS)})")
     config = app_config(args)
     models = load_models(config)
     personas = pick_persona(args, config)
@@ -106,11 +120,11 @@ def main(argv: list[str]) -> int:
     models.warm_up([base.voice])
     load_before = os.getloadavg()
     try:
-        items = load_turn_set(models, args.sentences, log=None if args.json else sys.stderr)
+        items = load_turn_set(models, args.sentences, log=None if args.json else sys.stderr, name=args.turn_set)
         rows: dict[str, list[dict]] = {m: [] for m in modes}
         for index, item in enumerate(items):
             for mode in (modes if index % 2 == 0 else modes[::-1]):  # alternate who goes first
-                persona = dataclasses.replace(base, endpointing=dataclasses.replace(base.endpointing, mode=mode))
+                persona = dataclasses.replace(base, endpointing=dataclasses.replace(base.endpointing, **VARIANTS[mode]))
                 row = run_item(models, persona, config, item, session=f"turns-{mode}-{index}")
                 rows[mode].append(row)
                 if not args.json:
@@ -121,7 +135,7 @@ def main(argv: list[str]) -> int:
         models.close()
     data = {"conditions": {"load_average_before": [round(x, 2) for x in load_before],
                            "load_average_after": [round(x, 2) for x in os.getloadavg()], "cpu_count": os.cpu_count(),
-                           "items": len(items), "asr": config.models.asr, "llm": config.models.llm,
+                           "set": args.turn_set, "items": len(items), "asr": config.models.asr, "llm": config.models.llm,
                            "pause_ms": config.pipeline.vad.pause_ms,
                            "endpointing": dataclasses.asdict(base.endpointing)},
             "modes": {m: mode_report(r) for m, r in rows.items()}, "rows": rows}
@@ -135,7 +149,7 @@ def main(argv: list[str]) -> int:
 def print_report(data: dict) -> None:
     c = data["conditions"]
     e = c["endpointing"]
-    print(f"turn taking on {c['items']} utterances ({c['asr']}, {c['llm']}; semantic: short {e['short_silence_ms']} ms, "
+    print(f"turn taking on {c['items']} utterances of the {c.get('set', 'dev')} set ({c['asr']}, {c['llm']}; semantic: short {e['short_silence_ms']} ms, "
           f"long {e['long_silence_ms']} ms, threshold {e['threshold']}; silence: {e['silence_ms']} ms; pause_ms "
           f"{c['pause_ms']}; load average {c['load_average_before']} -> {c['load_average_after']} on {c['cpu_count']} CPUs)")
     print(f"{'mode':10} {'false cuts':>14} {'missed ends':>14} {'(late)':>7} {'v2v p50':>9} {'v2v p95':>9}")

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from bench.turn_set import SENTENCES, cut_point, insert_pause, synthesize
+from bench.turn_set import DEV_SENTENCES, cut_point, insert_pause, synthesize
 from bench.turns import end_outcome, mode_report
 from bench.wer import wer
 
@@ -20,7 +20,7 @@ def test_the_pause_goes_where_the_sentence_is_unfinished(piper_voice_path, whisp
     # Four words after the cut, not one: a lone "Spain?" was once heard as "spin.". The voice has no
     # sampled variation, so the audio, and what Whisper hears of it, is the same every run (with
     # Piper's noise, CI once heard the prefix as "Remind me to remind me to").
-    text, prefix = SENTENCES[1]  # "Remind me to | buy milk tomorrow morning."
+    text, prefix = DEV_SENTENCES[1]  # "Remind me to | buy milk tomorrow morning."
     audio = synthesize(text, "piper", PiperTTS(piper_voice_path, variation=0.0), tmp_path)
     at = cut_point(audio, text, prefix, transcriber.model)
     paused = insert_pause(audio, at, 900, tmp_path)
@@ -69,3 +69,14 @@ def test_bench_turns_runs_end_to_end_on_one_sentence(capsys):
     assert (report["paused_items"], report["complete_items"], report["unanswered"]) == (1, 1, 0), report
     assert all(row["turns"] >= 1 and row["heard"] for row in data["rows"]["semantic"]), data["rows"]
     print(json.dumps(report))  # the figures, for the log: reported, not asserted
+
+
+def test_the_held_out_sets_share_no_sentence_with_the_dev_set_and_each_cut_is_a_prefix():
+    from bench.turn_set import SETS
+
+    sentences = [text for pairs in SETS.values() for text, _ in pairs]
+    assert len(sentences) == len(set(sentences))  # a rule chosen on one set is reported on others
+    for pairs in SETS.values():
+        assert len(pairs) == 24
+        for text, prefix in pairs:
+            assert text.startswith(prefix) and len(prefix) < len(text) - 3, (text, prefix)
