@@ -192,6 +192,10 @@ class ASRStage(Stage):
         if self._head_text and text:
             confidence = joined_confidence(self._head_text, self._head_text_logprob, text, confidence)
             text = join_words(self._head_text, text)
+        elif self._head_text:
+            # Nothing kept of the words after the pause (the guard dropped a lone, noisy "computer"):
+            # the words before it are still what was said, not nothing (the turn would go unanswered).
+            text, confidence, last_word = self._head_text, self._head_text_logprob, None
         log.debug("final of turn %d (%s, %.2f s of audio): %r (avg log-prob %s)", gen, "end" if is_end else "pause",
                   self._num_samples / RATE, text, confidence)
         if text:

@@ -82,3 +82,16 @@ def test_the_final_carries_its_last_word_against_the_voice_of_the_buffer_it_read
     final = [t for t in transcripts if t.is_final][-1]
     gap_ms = 320  # MAX_GAP_MS of silence starts the new buffer
     assert final.last_word.voiced_end_ms == gap_ms + 5 * 32
+
+
+def test_words_before_a_long_pause_are_the_final_when_nothing_after_it_is_kept():
+    """A noisy "computer" read alone after the pause was dropped by the guard (measured on bench
+    turns' dev item 17): the turn still has the words said before the pause, not none."""
+    stage, transcriber, _ = make_stage()
+    feed(stage, "vvvvvvvvvv......P")
+    transcriber.transcribe = lambda audio, language="en", is_partial=False, with_last_word=False: ASRResult(
+        "", dropped=["low log-probability: 'computer'"])
+    stage._carry = (1, 2)
+    transcripts = feed(stage, "." * 14, gen=1) + feed(stage, "vvvvv..P", gen=2)
+    [final] = [t for t in transcripts if t.is_final]
+    assert (final.gen, final.text) == (2, "11 frames")
