@@ -4,7 +4,9 @@ llama.cpp's own ``batched`` example decodes several sequences in one ``llama_dec
 
 With ``VOXLANE_LLAMA_CPP_NO_EXTRA_BUFFERS=1`` llama.cpp's extra weight buffer types (AMX and the
 repacked AVX layouts) are off: on this VM its AMX matmul crashes (SIGSEGV in
-``ggml_backend_amx_mul_mat``), and ``bench.engine`` retries a crashed group that way.
+``ggml_backend_amx_mul_mat``; likely the GCC 12 tile-config miscompile that
+``bench.llama_cpp_build`` works around for the native peer, not checked for these wheels), and
+``bench.engine`` retries a crashed group that way.
 """
 from __future__ import annotations
 
