@@ -62,33 +62,20 @@ inline float bf16_value(uint16_t h) {
 // past M and K). `tag` names the matrix input it holds (the one-call step's phase), so the tasks of a
 // phase that a worker runs pack it once.
 struct XPack {
-  std::vector<uint16_t> hi, lo, lo2;  // lo2 (parts == 3): bf16(x - hi - lo), so x is carried to ~2^-26 of itself
-  std::vector<float> bsum;  // [Kp / 32][blocks() * 16]: each row's sum over each 32 values (a GGUF min's factor)
+  std::vector<uint16_t> hi, lo;
   int64_t M = 0, K = 0, Kp = 0, tag = -1;
-  int parts = 0;  // 2: hi, lo; 3: hi, lo, lo2
   bool ready = false;
-  // Packed for this call (x of M rows of K) with at least `need` parts: unless a worker's pack (tagged by its
-  // phase) already holds them, packs them.
-  void ensure(const float* x, int64_t rows, int64_t ldx, int64_t cols, int need) {
-    if (!ready || parts < need) pack(x, rows, ldx, cols, need);
-  }
   int64_t blocks() const { return (M + 15) / 16; }
   const uint16_t* hi_tile(int64_t mb, int64_t kb) const { return hi.data() + (mb * (Kp / 2) + kb * 16) * 32; }
   const uint16_t* lo_tile(int64_t mb, int64_t kb) const { return lo.data() + (mb * (Kp / 2) + kb * 16) * 32; }
-  const uint16_t* lo2_tile(int64_t mb, int64_t kb) const { return lo2.data() + (mb * (Kp / 2) + kb * 16) * 32; }
-  const float* bsum_row(int64_t kb) const { return bsum.data() + kb * blocks() * 16; }
 
-  void pack(const float* x, int64_t rows, int64_t ldx, int64_t cols, int n_parts = 2) {
-    parts = n_parts;
+  void pack(const float* x, int64_t rows, int64_t ldx, int64_t cols) {
     M = rows;
     K = cols;
     Kp = (cols + 31) / 32 * 32;
     const size_t n = static_cast<size_t>(blocks() * 16 * Kp);
     hi.assign(n, 0);
     lo.assign(n, 0);
-    if (parts == 3) lo2.assign(n, 0);
-    const int64_t Mp = blocks() * 16;
-    bsum.assign(static_cast<size_t>(Kp / 32 * Mp), 0.f);
 #if defined(VOXLANE_AMX)
     // Per row and block of 32: hi = bf16 of the 32 values, lo = bf16 of what hi misses; their 16
     // (k, k + 1) pairs scattered to the pairs' tile rows (stride 16 pairs).
@@ -107,15 +94,10 @@ struct XPack {
         const __mmask16 m0 = left >= 16 ? 0xffff : static_cast<__mmask16>((1u << left) - 1);
         const __mmask16 m1 = left >= 32 ? 0xffff : left <= 16 ? 0 : static_cast<__mmask16>((1u << (left - 16)) - 1);
         const __m512 v0 = _mm512_maskz_loadu_ps(m0, row + k), v1 = _mm512_maskz_loadu_ps(m1, row + k + 16);
-        bsum[(k / 32) * Mp + m] = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
         const __m512 l0 = _mm512_sub_ps(v0, hi_of(v0)), l1 = _mm512_sub_ps(v1, hi_of(v1));
         const int64_t at = ((m / 16) * (Kp / 2) + (k / 2)) * 16 + (m % 16);  // in pairs
         _mm512_i32scatter_epi32(reinterpret_cast<int*>(hi.data()) + at, pair_rows, (__m512i)_mm512_cvtne2ps_pbh(v1, v0), 4);
         _mm512_i32scatter_epi32(reinterpret_cast<int*>(lo.data()) + at, pair_rows, (__m512i)_mm512_cvtne2ps_pbh(l1, l0), 4);
-        if (parts == 3) {
-          const __m512 r0 = _mm512_sub_ps(l0, hi_of(l0)), r1 = _mm512_sub_ps(l1, hi_of(l1));
-          _mm512_i32scatter_epi32(reinterpret_cast<int*>(lo2.data()) + at, pair_rows, (__m512i)_mm512_cvtne2ps_pbh(r1, r0), 4);
-        }
       }
     }
 #else
@@ -126,10 +108,7 @@ struct XPack {
         const uint16_t b = bf16_bits(row[k]);
         const int64_t at = (k / 2) * 32 + (k & 1);
         h[at] = b;
-        const float rest = row[k] - bf16_value(b);
-        l[at] = bf16_bits(rest);
-        if (parts == 3) lo2[(h - hi.data()) + at] = bf16_bits(rest - bf16_value(l[at]));
-        bsum[(k / 32) * Mp + m] += row[k];
+        l[at] = bf16_bits(row[k] - bf16_value(b));
       }
     }
 #endif
@@ -315,7 +294,7 @@ inline void int8_weights(const uint8_t* data, int64_t row_bytes, int64_t K, cons
   thread_local XPack own;
   XPack& xp = pack ? *pack : own;
   if (!pack) xp.ready = false;
-  xp.ensure(x, M, ldx, K, 2);
+  if (!xp.ready) xp.pack(x, M, ldx, K);
   thread_local std::vector<uint16_t> a;
   a.resize(16 * xp.Kp);
   static const TileConfig config;
@@ -325,151 +304,6 @@ inline void int8_weights(const uint8_t* data, int64_t row_bytes, int64_t K, cons
     int8_rows(data, row_bytes, K, xp.Kp, p0, rows, a.data());
     gemm::prefetch_panel(data, row_bytes, p0 + 16, std::min<int64_t>(n1, p0 + 32));
     panel(a.data(), xp, p0, rows, row_scale, bias, y, ldy);
-  }
-  _tile_release();
-}
-
-// ---- The GGUF formats whose d q is exact as a bf16 pair ----------------------------------------------
-// Q4_0 (d (q - 8)), Q5_0 (d (q - 16)) and Q4_1's d q: an fp16 d (11 significant bits) times a 4- or
-// 5-bit integer has at most 16 significant bits, so hi = bf16(d q) and lo = d q - hi (at most 8 bits
-// below hi's) are both exact in bf16 and hi + lo is the file's value. Five products
-// of bf16 tiles (of hi, lo and x's parts) give dot(w, x) to fp32's precision, x split in three (below). Q4_1's
-// min m (per block of 32) is an fp32 product of the blocks' activation sums (XPack::bsum): y += sum
-// over blocks of m . bsum, 1/32 of the work. Fewer products fail test_kernels' one-call step (the
-// cache after 30 layers 1e-5 of its values): x in two parts and hi . x_hi + hi . x_lo + lo . x_hi
-// 3.1e-4 off at 21.2 (bound 2.2e-4; 1.5e-5 of a linear's largest output), all four 3.8e-4.
-// Q8_0 (8-bit q: 19 bits), Q4_K (a 6-bit sub-block scale too) and Q6_K are not exact as a pair: FMA path.
-template <class B> struct Pair { static constexpr bool ok = false; };
-template <> struct Pair<gguf::BlockQ4_0> {
-  static constexpr bool ok = true, has_min = false;
-  template <class Sink> static void dq(const uint8_t* b, Sink&& sink) { gguf::BlockQ4_0::expand(b, sink); }
-  static float min(const uint8_t*) { return 0.f; }
-};
-template <> struct Pair<gguf::BlockQ5_0> {
-  static constexpr bool ok = true, has_min = false;
-  template <class Sink> static void dq(const uint8_t* b, Sink&& sink) { gguf::BlockQ5_0::expand(b, sink); }
-  static float min(const uint8_t*) { return 0.f; }
-};
-template <> struct Pair<gguf::BlockQ4_1> {
-  static constexpr bool ok = true, has_min = true;
-  template <class Sink> static void dq(const uint8_t* b, Sink&& sink) {
-    gguf::nibbles(b + 4, _mm256_set1_ps(gguf::half_to_float(b)), _mm256_setzero_ps(), sink);
-  }
-  static float min(const uint8_t* b) { return gguf::half_to_float(b + 2); }
-};
-
-// Weight rows [p0, p0 + rows) (rows <= 16; the others zero) -> A tiles' rows [16][K] of hi and lo, and
-// (formats with a min) mins[16][K / 32].
-template <class B>
-inline void pair_rows(const uint8_t* data, int64_t row_bytes, int64_t K, int64_t p0, int64_t rows, uint16_t* hi,
-                      uint16_t* lo, float* mins) {
-  const int64_t nblocks = K / B::QK;
-  if (rows < 16) {
-    std::memset(hi + rows * K, 0, (16 - rows) * K * sizeof(uint16_t));
-    std::memset(lo + rows * K, 0, (16 - rows) * K * sizeof(uint16_t));
-    if (Pair<B>::has_min) std::memset(mins + rows * nblocks, 0, (16 - rows) * nblocks * sizeof(float));
-  }
-  const __m256i top = _mm256_set1_epi32(~0xffff);
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint8_t* row = data + (p0 + r) * row_bytes;
-    for (int64_t blk = 0; blk < nblocks; ++blk) {
-      const uint8_t* b = row + blk * B::BYTES;
-      uint16_t *h = hi + r * K + blk * B::QK, *l = lo + r * K + blk * B::QK;
-      Pair<B>::dq(b, [&](int g, __m256 v) {
-        // truncation, not rounding, for hi: v - hi then has the sign of v and fits 8 bits as well
-        const __m256 hv = _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(v), top));
-        const __m128i hb = _mm_packus_epi32(_mm_srli_epi32(_mm256_castsi256_si128(_mm256_castps_si256(hv)), 16),
-                                            _mm_srli_epi32(_mm256_extracti128_si256(_mm256_castps_si256(hv), 1), 16));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(h + 8 * g), hb);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(l + 8 * g), (__m128i)_mm256_cvtneps_pbh(_mm256_sub_ps(v, hv)));
-      });
-      if (Pair<B>::has_min) mins[r * nblocks + blk] = Pair<B>::min(b);
-    }
-  }
-}
-
-// One panel of 16 weight rows (A hi, lo: [16][K]) times every activation row: five products a tile.
-// x in three parts (XPack parts 3): hi . (x_hi + x_lo + x_lo2) + lo . (x_hi + x_lo), the rest below
-// 2^-24. Two activation blocks at a time into four accumulators (C0, C1: block 0, 1's hi . x_hi and
-// lo . x_lo; C2, C3: the other three): a TDPBF16PS waits for the one before into its accumulator,
-// so the ten products of a k step go to four tiles in turn. Tiles: C0-C3, A hi (4), A lo (5), B (6, 7).
-inline void pair_panel(const uint16_t* ahi, const uint16_t* alo, const float* mins, int64_t nblocks, const XPack& x,
-                       int64_t p0, int64_t rows, const float* row_scale, const float* bias, float* y, int64_t ldy) {
-  alignas(64) float c[4][16 * 16];
-  const int64_t stride = x.Kp * 2, kblocks = x.Kp / 32, mblocks = x.blocks(), Mp = mblocks * 16;
-  for (int64_t mb = 0; mb < mblocks; mb += 2) {
-    const bool two = mb + 1 < mblocks;
-    const int64_t mb1 = two ? mb + 1 : mb;  // one block left: the second pair of tiles redoes it, unused
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t kb = 0; kb < kblocks; ++kb) {
-      _tile_loadd(4, ahi + kb * 32, stride);
-      _tile_loadd(5, alo + kb * 32, stride);
-      _tile_loadd(6, x.hi_tile(mb, kb), 64);
-      _tile_loadd(7, x.hi_tile(mb1, kb), 64);
-      _tile_dpbf16ps(0, 4, 6);  // hi . x_hi
-      _tile_dpbf16ps(2, 5, 6);  // lo . x_hi
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(3, 5, 7);
-      _tile_loadd(6, x.lo_tile(mb, kb), 64);
-      _tile_loadd(7, x.lo_tile(mb1, kb), 64);
-      _tile_dpbf16ps(2, 4, 6);  // hi . x_lo
-      _tile_dpbf16ps(3, 4, 7);
-      _tile_dpbf16ps(0, 5, 6);  // lo . x_lo
-      _tile_dpbf16ps(1, 5, 7);
-      _tile_loadd(6, x.lo2_tile(mb, kb), 64);
-      _tile_loadd(7, x.lo2_tile(mb1, kb), 64);
-      _tile_dpbf16ps(2, 4, 6);  // hi . x_lo2
-      _tile_dpbf16ps(3, 4, 7);
-    }
-    _tile_stored(0, c[0], 64);
-    _tile_stored(2, c[2], 64);
-    if (two) {
-      _tile_stored(1, c[1], 64);
-      _tile_stored(3, c[3], 64);
-    }
-    for (int b = 0; b < (two ? 2 : 1); ++b) {
-      const int64_t m0 = (mb + b) * 16, m1 = std::min(x.M, m0 + 16);
-      for (int64_t r = 0; r < rows; ++r) {
-        __m512 v = _mm512_add_ps(_mm512_load_ps(c[b] + r * 16), _mm512_load_ps(c[2 + b] + r * 16));
-        if (mins)
-          for (int64_t blk = 0; blk < nblocks; ++blk)
-            v = _mm512_fmadd_ps(_mm512_set1_ps(mins[r * nblocks + blk]), _mm512_loadu_ps(x.bsum.data() + blk * Mp + m0), v);
-        alignas(64) float out[16];
-        _mm512_store_ps(out, v);
-        const int64_t n = p0 + r;
-        const float scale = row_scale ? row_scale[n] : 1.f, add = bias ? bias[n] : 0.f;
-        for (int64_t m = m0; m < m1; ++m) y[m * ldy + n] = out[m - m0] * scale + add;
-      }
-    }
-  }
-}
-
-// Weight rows [n0, n1) of a pair-exact GGUF format times every row of x, a panel of 16 rows at a time.
-template <class B>
-inline void pair_weights(const uint8_t* data, int64_t row_bytes, int64_t K, const float* row_scale, const float* bias,
-                         const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1,
-                         XPack* pack) {
-  thread_local XPack own;
-  XPack& xp = pack ? *pack : own;
-  if (!pack) xp.ready = false;
-  xp.ensure(x, M, ldx, K, 3);
-  const int64_t nblocks = K / B::QK;  // K is a multiple of 32 (Kp == K)
-  thread_local std::vector<uint16_t> ahi, alo;
-  thread_local std::vector<float> mins;
-  ahi.resize(16 * K);
-  alo.resize(16 * K);
-  mins.resize(16 * nblocks);
-  static const TileConfig config;
-  _tile_loadconfig(&config);
-  for (int64_t p0 = n0; p0 < n1; p0 += 16) {
-    const int64_t rows = std::min<int64_t>(16, n1 - p0);
-    pair_rows<B>(data, row_bytes, K, p0, rows, ahi.data(), alo.data(), mins.data());
-    gemm::prefetch_panel(data, row_bytes, p0 + 16, std::min<int64_t>(n1, p0 + 32));
-    pair_panel(ahi.data(), alo.data(), Pair<B>::has_min ? mins.data() : nullptr, nblocks, xp, p0, rows, row_scale,
-               bias, y, ldy);
   }
   _tile_release();
 }
@@ -491,9 +325,6 @@ inline void gemm_format(const uint8_t* data, int64_t row_bytes, int64_t K, const
   if constexpr (std::is_same_v<B, gguf::BlockI8>) {
     if (amx_allowed().load(std::memory_order_relaxed) && amx::enabled())
       return amx::int8_weights(data, row_bytes, K, row_scale, bias, x, M, ldx, y, ldy, n0, n1, pack);
-  } else if constexpr (amx::Pair<B>::ok) {
-    if (amx_allowed().load(std::memory_order_relaxed) && amx::enabled())
-      return amx::pair_weights<B>(data, row_bytes, K, row_scale, bias, x, M, ldx, y, ldy, n0, n1, pack);
   }
 #endif
   (void)pack;
