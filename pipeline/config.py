@@ -52,6 +52,9 @@ class ASRConfig:
     loop_retry_pad_s: float = 1.5  # a short-context loop is decoded again with this much more pad (0: straight to 30 s)
     partial_interval_ms: int = 700  # re-transcribe the growing buffer this often while the user speaks
     is_partial_enabled: bool = True
+    # The final transcript is sent only once its last word is timed, as the last-word check first did
+    # (for A/Bs): the answer then waits for the alignment pass too. Off: the final goes out first.
+    is_last_word_timed_first: bool = False
     no_speech_threshold: float = 0.6  # a segment is dropped when no_speech_prob is above this ...
     logprob_threshold: float = -1.0  # ... and its avg_logprob is below this (Whisper's own rule)
     min_logprob: float = -1.5  # a segment below this is dropped whatever no_speech_prob says

@@ -9,12 +9,9 @@ data frames are processed in order. Frames marked *out* reach the front end.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from pipeline.endpointing.last_word import LastWord
 
 
 @dataclass
@@ -140,7 +137,6 @@ class Transcript(Frame):
     is_final: bool = False
     avg_logprob: float | None = None  # Whisper's confidence in its least sure segment (ASR finals)
     is_at_silence: bool = False  # a partial read at the first silent frame: the pause's final follows with these words
-    last_word: LastWord | None = None  # the last word's timing against the voice (ASR finals; see endpointing.last_word)
 
 
 @dataclass

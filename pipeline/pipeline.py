@@ -77,13 +77,14 @@ class Pipeline:
         can_probe = callable(getattr(llm, "probe_sentence_end", None))
         if vad_model is not None and (turn_model is not None or can_probe):
             self._endpointer = Endpointer(AudioTurnScorer(turn_model) if turn_model is not None else None, can_probe,
-                                          wake=lambda gen: stages[0].put(EndpointTick(gen=gen)))
+                                          wake=lambda gen: stages[0].put(EndpointTick(gen=gen)),
+                                          times_last_word=transcriber is not None)
         if vad_model is not None:
             stages.append(VADStage(SileroVAD(vad_model), self.config.vad, self.turns.counter,
                                    lambda: self.current_persona().endpointing, self.book, size, self._endpointer))
         if transcriber is not None:
             stages.append(ASRStage(transcriber, self.config.asr, lambda: self.current_persona().language,
-                                   self.book, size))
+                                   self.book, size, self._endpointer))
         self._llm = LLMStage(llm, self.current_persona, self.turns.history, self.config.llm, self.config.chunker,
                              self.book, session, size, self._endpointer, is_spoken=True)
         self._tts = TTSStage(tts, self.book, self.config.tts.output_sample_rate, size)

@@ -3,7 +3,8 @@
 Marks, in the order a voice turn meets them: ``speech_start``, ``speech_end`` (the last voiced
 frame arrived), ``speech_paused`` (pause_ms later: the answer starts), ``turn_judged`` (the
 end-of-turn signals are in, "semantic" mode), ``turn_end_detected`` (the end silence was
-reached: the turn is committed), ``asr_final``,
+reached: the turn is committed), ``asr_final``, ``last_word_timed`` (its last word's alignment
+pass done, after the final),
 ``llm_request``, ``llm_first_token``, ``first_chunk_ready``, ``first_audio_ready`` (synthesized;
 held until the turn is committed), ``first_audio_out`` (sent to the front end),
 ``first_audio_played`` (when the front end reports playback), ``llm_done``, ``audio_done``,
@@ -16,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-ORDER = ("speech_start", "speech_end", "speech_paused", "turn_judged", "turn_end_detected", "text_in", "asr_final", "llm_request",
+ORDER = ("speech_start", "speech_end", "speech_paused", "turn_judged", "turn_end_detected", "text_in", "asr_final", "last_word_timed", "llm_request",
          "llm_first_token", "first_chunk_ready", "first_audio_ready", "first_audio_out", "first_audio_played", "llm_done",
          "audio_done", "interrupted")
 

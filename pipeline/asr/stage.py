@@ -15,6 +15,11 @@ transcribed at once as a partial (the LLM stage prefills and probes it meanwhile
 the pause reuses the last partial when no voiced audio came after that partial's buffer (Whisper
 would read the same words again, ~160 ms later). Speech going on after that partial only costs the
 one call a periodic partial would.
+
+A final read at the pause (or reused from the read at the first silent frame) also times its last
+word against the voice (``endpointing/last_word.py``), but after the final is sent: the answer
+starts from the words, and only the end-of-turn verdict needs the timing, which goes to the
+endpointer on its own (``Endpointer.add_last_word``) one alignment pass later.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import numpy as np
 
 from pipeline.asr.whisper import ASRResult, WhisperTranscriber
 from pipeline.config import ASRConfig
+from pipeline.endpointing.endpointer import Endpointer
 from pipeline.endpointing.last_word import LastWord, timed_last_word
 from pipeline.frames import Frame, Interrupt, SpeechPaused, Transcript, TurnAudioEnd, TurnDone, UserAudio
 from pipeline.stage import Stage
@@ -61,8 +67,9 @@ class ASRStage(Stage):
     name = "asr"
 
     def __init__(self, transcriber: WhisperTranscriber, config: ASRConfig, language: Callable[[], str],
-                 book: WaterfallBook, queue_size: int = 2000):
+                 book: WaterfallBook, queue_size: int = 2000, endpointer: Endpointer | None = None):
         super().__init__(queue_size)
+        self.endpointer = endpointer  # told each final's last word (None: it is only logged)
         self.transcriber = transcriber
         self.config = config
         self.language = language
@@ -81,8 +88,8 @@ class ASRStage(Stage):
         self._voiced_end = 0  # _num_samples at the end of the last voiced frame
         self._buffered = 0  # samples in the buffer Whisper reads (long silences are not kept)
         self._buffered_voiced_end = 0  # _buffered at the end of the last voiced frame
-        self._partial: tuple[int, str, float | None, LastWord | None] | None = None
-        # (_num_samples it covered, text, confidence, its last word)
+        self._partial: tuple[int, str, float | None, ASRResult] | None = None
+        # (_num_samples it covered, text, confidence, the read: its last word is timed if it becomes the final)
 
     def before_purge(self, interrupt: Interrupt, queued) -> None:
         if interrupt.reason == "resume":
@@ -157,7 +164,7 @@ class ASRStage(Stage):
         result = self.transcriber.transcribe(self._buffer(), self.language(), is_partial=not is_final_read,
                                              with_last_word=is_final_read)
         confidence = min((seg.avg_logprob for seg in result.segments), default=None)
-        self._partial = (self._num_samples, result.text, confidence, self._last_word(result)) if result.text else None
+        self._partial = (self._num_samples, result.text, confidence, result) if result.text else None
         if result.text and not self.is_stale(gen):
             yield Transcript(gen=gen, text=join_words(self._head_text, result.text), is_final=False,
                              is_at_silence=is_final_read)
@@ -165,37 +172,57 @@ class ASRStage(Stage):
     def _final(self, gen: int, is_end: bool) -> Iterable[Frame]:
         if self._is_read_to_the_end():
             # The last partial read every voiced frame of this buffer: its words are the final's.
-            _, text, confidence, last_word = self._partial
+            _, text, confidence, result = self._partial
             self.book.set(gen, "asr_final_reused", 1)
         else:
             result = self.transcriber.transcribe(self._buffer(), self.language(), with_last_word=True)
             text, confidence = result.text, min((seg.avg_logprob for seg in result.segments), default=None)
-            last_word = self._last_word(result)
             if result.dropped:
                 log.info("ASR dropped: %s", "; ".join(result.dropped))
-        yield from self._send_final(gen, is_end, text, confidence, last_word)
+        voiced_end = self._buffered_voiced_end  # of the buffer that read (the stage goes on after the final)
+        if self.config.is_last_word_timed_first:  # as before: the final waits for the alignment (A/Bs)
+            last_word = self._last_word(result, voiced_end)
+            yield from self._send_final(gen, is_end, text, confidence)
+            self._tell_last_word(gen, text, last_word)
+            return
+        yield from self._send_final(gen, is_end, text, confidence)
+        if self._is_final_sent and not self.is_stale(gen):
+            # the words are out (the answer starts); now the timing, for the verdict only
+            self._tell_last_word(gen, text, self._last_word(result, voiced_end) if text else None)
 
-    def _last_word(self, result: ASRResult) -> LastWord | None:
+    def _last_word(self, result: ASRResult, voiced_end: int) -> LastWord | None:
         """The read's last word against the voice in the buffer it read (None: not timed)."""
-        timing = result.last_word
+        timing = self.transcriber.time_last_word(result)
         if timing is None:
             return None
-        return timed_last_word(timing.word, timing.start_s, timing.end_s, timing.probability,
-                               self._buffered_voiced_end)
+        return timed_last_word(timing.word, timing.start_s, timing.end_s, timing.probability, voiced_end)
+
+    def _tell_last_word(self, gen: int, text: str, last_word: LastWord | None) -> None:
+        """The final's last word to the endpointer (None: not timed, or the final's words are the
+        ones kept from before a long pause), and to the waterfall."""
+        if not self._is_final_sent or not (text or self._head_text):
+            return
+        if not text:
+            last_word = None  # the final is the words before the pause: their last word was not timed here
+        self.book.mark(gen, "last_word_timed", time.monotonic())
+        if last_word is not None:
+            self.book.set(gen, "last_word", f"{last_word.word} {last_word.start_ms:.0f}-{last_word.end_ms:.0f}"
+                          f"/{last_word.voiced_end_ms:.0f} p{last_word.probability:.2f}")
+        if self.endpointer is not None:
+            self.endpointer.add_last_word(gen, last_word)
 
     def _is_read_to_the_end(self) -> bool:
         """Whether the last partial's buffer held every voiced frame heard so far."""
         return self._partial is not None and self._partial[0] >= self._voiced_end
 
-    def _send_final(self, gen: int, is_end: bool, text: str, confidence: float | None,
-                    last_word: LastWord | None = None) -> Iterable[Frame]:
+    def _send_final(self, gen: int, is_end: bool, text: str, confidence: float | None) -> Iterable[Frame]:
         if self._head_text and text:
             confidence = joined_confidence(self._head_text, self._head_text_logprob, text, confidence)
             text = join_words(self._head_text, text)
         elif self._head_text:
             # Nothing kept of the words after the pause (the guard dropped a lone, noisy "computer"):
             # the words before it are still what was said, not nothing (the turn would go unanswered).
-            text, confidence, last_word = self._head_text, self._head_text_logprob, None
+            text, confidence = self._head_text, self._head_text_logprob
         log.debug("final of turn %d (%s, %.2f s of audio): %r (avg log-prob %s)", gen, "end" if is_end else "pause",
                   self._num_samples / RATE, text, confidence)
         if text:
@@ -203,10 +230,7 @@ class ASRStage(Stage):
             self.book.mark(gen, "asr_final", time.monotonic())
             if confidence is not None:
                 self.book.set(gen, "words_logprob", round(confidence, 3))
-            if last_word is not None:
-                self.book.set(gen, "last_word", f"{last_word.word} {last_word.start_ms:.0f}-{last_word.end_ms:.0f}"
-                              f"/{last_word.voiced_end_ms:.0f} p{last_word.probability:.2f}")
-            yield Transcript(gen=gen, text=text, is_final=True, avg_logprob=confidence, last_word=last_word)
+            yield Transcript(gen=gen, text=text, is_final=True, avg_logprob=confidence)
         elif is_end:  # VAD heard something, Whisper found no words in it: no turn
             self._is_final_sent = True
             self.book.set(gen, "dropped", "no words recognized")

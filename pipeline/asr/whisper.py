@@ -30,7 +30,19 @@ class ASRResult:
     text: str
     segments: list[Segment] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
-    last_word: WordTiming | None = None  # asked for with ``with_last_word`` (short-context reads only)
+    alignment: PendingAlignment | None = None  # kept with ``with_last_word`` (short-context reads with text)
+
+
+@dataclass(frozen=True)
+class PendingAlignment:
+    """What timing a read's last word needs, kept from the read itself: the decoder's tokens and the
+    encoder's output (``WhisperTranscriber.time_last_word`` runs the pass later, so the words can be
+    sent first)."""
+
+    tokenizer: object
+    ids: list[int]
+    encoded: object  # ctranslate2.StorageView
+    frames: int
 
 
 @dataclass(frozen=True)
@@ -109,7 +121,7 @@ class WhisperTranscriber:
         return tokenizer, list(tokenizer.sot_sequence) + [tokenizer.no_timestamps]
 
     def _short_context(self, audio: np.ndarray, language: str | None, is_partial: bool = False,
-                       with_last_word: bool = False) -> tuple[Segment, WordTiming | None] | None:
+                       with_last_word: bool = False) -> tuple[Segment, PendingAlignment | None] | None:
         """Decodes (audio + pad) only; a whole-utterance repeat keeps one copy, another loop is
         decoded once more with more pad (not for a partial: it is just skipped); None when that
         loops too (the caller falls back)."""
@@ -120,10 +132,9 @@ class WhisperTranscriber:
         return read
 
     def _decode_padded(self, audio: np.ndarray, language: str | None, pad_s: float,
-                       with_last_word: bool = False) -> tuple[Segment, WordTiming | None] | None:
+                       with_last_word: bool = False) -> tuple[Segment, PendingAlignment | None] | None:
         """One decode over audio + ``pad_s`` of silence; None when it looks like a loop. With
-        ``with_last_word``, also where the text's last word lies (one alignment pass of the
-        decoder over the same encoder output, as faster-whisper's ``word_timestamps`` does)."""
+        ``with_last_word``, also what timing the text's last word needs (``time_last_word``)."""
         import ctranslate2
         from faster_whisper.transcribe import get_compression_ratio
 
@@ -146,26 +157,36 @@ class WhisperTranscriber:
         if len(ids) >= max_new or ratio > self.config.max_compression_ratio or repeats_itself(text):
             return None
         avg_logprob = result.scores[0] * len(ids) / (len(ids) + 1)  # scores are length-normalized
-        last_word = None
-        if with_last_word and ids:
-            last_word = last_spoken_word(self.model.find_alignment(tokenizer, [ids], encoded, frames)[0])
-        return Segment(text, float(result.no_speech_prob), float(avg_logprob), float(ratio)), last_word
+        alignment = PendingAlignment(tokenizer, ids, encoded, frames) if with_last_word and ids else None
+        return Segment(text, float(result.no_speech_prob), float(avg_logprob), float(ratio)), alignment
+
+    def time_last_word(self, result: ASRResult) -> WordTiming | None:
+        """Where the last word of a read made ``with_last_word`` lies: one alignment pass of the
+        decoder over the read's encoder output, as faster-whisper's ``word_timestamps`` does
+        (~12 ms quiet, ~40 at load 5). Separate from ``transcribe`` so that the words go out first."""
+        pending = result.alignment
+        if pending is None:
+            return None
+        with self._slots:
+            alignment = self.model.find_alignment(pending.tokenizer, [pending.ids], pending.encoded, pending.frames)
+        return last_spoken_word(alignment[0])
 
     def transcribe(self, audio: np.ndarray, language: str | None = "en", is_partial: bool = False,
                    with_last_word: bool = False) -> ASRResult:
         """``audio``: 16 kHz mono float32. Greedy (or beam) decoding, no timestamps, no context.
         A partial never takes the slow 30 s fallback: audio cut mid-word loops more often, and a
         partial that costs 0.8 s would delay the final behind it. It is just skipped.
-        ``with_last_word``: also time the last word (``ASRResult.last_word``; short-context reads)."""
+        ``with_last_word``: also keep what timing the last word needs (``ASRResult.alignment``,
+        short-context reads; ``time_last_word`` does it)."""
         if len(audio) < 1600:  # under 0.1 s: nothing a person says fits
             return ASRResult("")
         with self._slots:
             if self.config.is_short_context and len(audio) < 16000 * (30 - self.config.context_pad_s):
                 read = self._short_context(audio.astype(np.float32, copy=False), language, is_partial, with_last_word)
                 if read is not None:
-                    segment, last_word = read
+                    segment, alignment = read
                     text, dropped = keep_segments([segment], self.config)
-                    return ASRResult(text, [segment], dropped, last_word if text else None)
+                    return ASRResult(text, [segment], dropped, alignment if text else None)
                 if is_partial:
                     return ASRResult("", [], ["partial skipped: looked like a decoder loop"])
             segments, _ = self.model.transcribe(

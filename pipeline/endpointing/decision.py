@@ -28,7 +28,10 @@ same set: three of the four misheard fragments fall below it; a held-out set sho
 Whisper also completes fragments with sure-sounding words: "What should I cook for" + a pause is
 read "What should I cook for her?" (-0.33), and the text then rightly reads finished. The last
 word's timing against the voice (``last_word.is_doubtful``: invented words lie after the voice,
-misheard function words come out as unsure pronouns) makes such words doubtful too.
+misheard function words come out as unsure pronouns) makes such words doubtful too. That timing
+is a signal of its own: ASR sends the final's words first (the answer starts from them) and times
+the last word after (an alignment pass); the verdict waits for it up to a deadline, then decides
+without it (``PauseSignals.miss_last_word``).
 """
 from __future__ import annotations
 
@@ -77,20 +80,25 @@ class Verdict:
     p_complete: float | None
     is_complete: bool
     end_silence_ms: int  # the silence (from the last voiced frame) that ends the turn
+    is_last_word_late: bool = False  # decided without the last word's timing: it missed its deadline
 
 
 class PauseSignals:
     """The signals of the latest pause of one session, as they arrive (any thread may ``add``).
 
     ``expects_text``: whether a text signal will come (the LLM backend can probe, and the pause has
-    words); when it cannot, the audio alone decides."""
+    words); when it cannot, the audio alone decides. ``expects_last_word``: whether the words' last
+    word will be timed (``add_last_word``, after the words themselves) and checked; the verdict
+    waits for it unless ``miss_last_word`` says its deadline passed."""
 
-    def __init__(self, gen: int, expects_audio: bool, expects_text: bool):
+    def __init__(self, gen: int, expects_audio: bool, expects_text: bool, expects_last_word: bool = False):
         self.gen = gen
-        self.expected = {kind for kind, on in (("audio", expects_audio), ("text", expects_text)) if on}
-        self.values: dict[str, float | None] = {}
+        self.expected = {kind for kind, on in (("audio", expects_audio), ("text", expects_text),
+                                               ("last_word", expects_last_word)) if on}
+        self.values: dict[str, float | None] = {}  # "last_word": None once it arrived (the word is ``last_word``)
         self.words_logprob: float | None = None  # Whisper's confidence in the words of the text signal
         self.last_word: LastWord | None = None  # their last word against the voice
+        self.is_last_word_late = False
 
     def add(self, kind: str, value: float | None) -> None:
         self.values[kind] = value
@@ -98,6 +106,18 @@ class PauseSignals:
     def give_up(self, kind: str) -> None:
         """That signal will not come (no words recognized, a failed probe)."""
         self.values.setdefault(kind, None)
+
+    def add_last_word(self, last_word: LastWord | None) -> None:
+        """The words' last word against the voice (None: it was not timed). Still taken after its
+        deadline if the verdict waits for another signal."""
+        self.last_word, self.is_last_word_late = last_word, False
+        self.values["last_word"] = None
+
+    def miss_last_word(self) -> None:
+        """Its deadline passed: decide without it, as when it is not timed."""
+        if "last_word" in self.expected and "last_word" not in self.values:
+            self.is_last_word_late = True
+            self.values["last_word"] = None
 
     @property
     def is_ready(self) -> bool:
@@ -113,7 +133,7 @@ class PauseSignals:
         # No signal at all (no model, no words): nothing says it is finished, so wait the long silence.
         is_complete = p is not None and p >= endpointing.threshold
         wait = endpointing.short_silence_ms if is_complete else endpointing.long_silence_ms
-        return Verdict(self.gen, p_audio, p_text, p, is_complete, wait)
+        return Verdict(self.gen, p_audio, p_text, p, is_complete, wait, self.is_last_word_late)
 
 
 def end_silence_ms(endpointing: Endpointing, verdict: Verdict | None) -> int:

@@ -28,7 +28,6 @@ from engine.sampling_params import SamplingParams
 from pipeline.config import ChunkerConfig, LLMStageConfig
 from pipeline.endpointing.decision import strip_trailing_punctuation
 from pipeline.endpointing.endpointer import Endpointer
-from pipeline.endpointing.last_word import LastWord
 from pipeline.frames import (AssistantDone, ErrorFrame, Frame, Interrupt, SpeakChunk, SystemFrame,
                              TextDelta, TextIn, Transcript)
 from pipeline.llm.chunker import SpeakableChunker
@@ -39,7 +38,8 @@ from pipeline.stage import Stage, TurnRefused
 from pipeline.waterfall import WaterfallBook
 
 log = logging.getLogger(__name__)
-Heard = tuple[float | None, LastWord | None]  # how sure ASR is of a final's words: avg log-prob, last word
+Heard = float | None  # how sure ASR is of a final's words: Whisper's avg log-prob (the last word's timing goes
+# to the endpointer from the ASR stage, after the final: Endpointer.add_last_word)
 
 
 class LLMStage(Stage):
@@ -123,7 +123,7 @@ class LLMStage(Stage):
         elif isinstance(frame, Transcript) and frame.is_final:
             yield frame
             self._early_answer_to(frame.gen, frame.text)  # one to other words is cancelled before any probe
-            heard = (frame.avg_logprob, frame.last_word)  # for the endpointer, with the words' probe
+            heard = frame.avg_logprob  # for the endpointer, with the words' probe
             words = self._probe_end_of_turn(frame.gen, frame.text, heard)
             yield from self._answer(frame.gen, frame.text, words, heard)
         elif isinstance(frame, TextIn):
@@ -239,7 +239,7 @@ class LLMStage(Stage):
                 p_text = self.backend.probe_sentence_end(self._prompt(gen, self.persona(), words)[0], self.session)
         except Exception:  # refused or failed: the audio signal (or the long silence) still ends the turn
             log.warning("end-of-turn text probe failed", exc_info=True)
-        self.endpointer.add_text(gen, p_text, *heard)
+        self.endpointer.add_text(gen, p_text, heard)
         return None
 
     def _submit(self, gen: int, messages: list[dict], persona: Persona, words: str | None,
@@ -254,7 +254,7 @@ class LLMStage(Stage):
         def tell(p_text: float | None) -> None:
             if not told.is_set():
                 told.set()
-                self.endpointer.add_text(gen, p_text, *heard)
+                self.endpointer.add_text(gen, p_text, heard)
 
         completion, probe_messages = None, None
         try:
@@ -287,7 +287,7 @@ class LLMStage(Stage):
             raise TurnRefused("That message is too long for me to read. Please say it in fewer words.")
         return messages, num_tokens
 
-    def _answer(self, gen: int, user: str, words: str | None = None, heard: Heard = (None, None)) -> Iterable[Frame]:
+    def _answer(self, gen: int, user: str, words: str | None = None, heard: Heard = None) -> Iterable[Frame]:
         persona = self.persona()
         if self.config.is_prewarm_enabled and self._shared_prompt is not None:
             self._share_system_prompt(persona)

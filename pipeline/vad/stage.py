@@ -127,6 +127,10 @@ class VADStage(Stage):
             self.endpointer.on_pause(self._turn_gen, np.concatenate(self._turn_audio), self.detector.endpointing)
             if "end" not in events:  # the words' signal was in already: a verdict now may end the turn now
                 events = events + self.detector.poll(self._end_silence_ms())
+        elif self.detector.silent_ms and self._is_semantic() and "end" not in events:
+            # past its deadline the verdict no longer waits for the last word's timing
+            if self.endpointer.on_silence(self._turn_gen, self.detector.silent_ms):
+                events = events + self.detector.poll(self._end_silence_ms())
         yield from self._apply_verdict(events)
         self._pre_roll.append(samples)
 
@@ -151,6 +155,8 @@ class VADStage(Stage):
             for name in ("p_audio", "p_text", "p_complete"):
                 value = getattr(verdict, name)
                 self.book.set(verdict.gen, name, None if value is None else round(value, 4))
+            if verdict.is_last_word_late:  # decided without the last word's timing (its deadline passed)
+                self.book.set(verdict.gen, "last_word_late", 1)
             yield TurnJudged(gen=verdict.gen, p_audio=verdict.p_audio, p_text=verdict.p_text,
                              p_complete=verdict.p_complete, is_complete=verdict.is_complete,
                              end_silence_ms=verdict.end_silence_ms)

@@ -34,6 +34,11 @@ class TurnDetector:
         self._is_judge_sent = False  # "judge": the end-of-turn signals of this pause are being read
 
     @property
+    def silent_ms(self) -> int:
+        """The silence so far inside a turn (0 outside one)."""
+        return self._silent_ms if self.state == "speaking" else 0
+
+    @property
     def answer_pause_ms(self) -> int:
         """The silence after which the answer starts: never later than the judging pause."""
         return min(self.config.answer_pause_ms, self.config.pause_ms)

@@ -1,6 +1,7 @@
 """The last-word signal of the end-of-turn decision: Whisper completes a fragment said before a
 thinking pause with a word that has no voice under it ("What should I cook for | her?"), and such
-a word cannot make the sentence finished.
+a word cannot make the sentence finished. ASR times that word after sending the final, and the
+verdict waits for it up to a deadline.
 
 First on scripted signals (no model), then on real audio: flite's "What should I cook for", cut
 where ``voxlane bench turns`` cuts it, through the real VAD and ASR stages, read by the real
@@ -61,23 +62,109 @@ def test_the_pause_verdict_takes_the_last_word_unless_the_persona_turns_the_chec
     assert cut.is_complete and cut.end_silence_ms == 192
 
 
-def test_the_endpointer_keeps_the_last_word_of_words_probed_before_the_pause():
+def timing_endpointer(wakes: list[int] | None = None):
     from pipeline.endpointing.endpointer import Endpointer
 
-    endpointer = Endpointer(None, can_probe_text=True, wake=lambda gen: None)
+    return Endpointer(None, can_probe_text=True, wake=(wakes if wakes is not None else []).append,
+                      times_last_word=True)
+
+
+def test_the_endpointer_keeps_the_last_word_of_words_probed_before_the_pause():
+    endpointer = timing_endpointer()
     endpointer.on_answer(1)
-    endpointer.add_text(1, 0.41, -0.33, INVENTED)  # the answer's probe, before the judging pause
+    endpointer.add_text(1, 0.41, -0.33)  # the answer's probe, before the judging pause
+    endpointer.add_last_word(1, INVENTED)  # ASR timed it after sending the final
     endpointer.on_pause(1, np.zeros(16000, np.float32), SEMANTIC)
     assert endpointer.verdict(1) is not None and not endpointer.verdict(1).is_complete
+
+
+def test_the_verdict_waits_for_a_late_last_word_up_to_its_deadline_and_decides_with_it():
+    from pipeline.endpointing.endpointer import LAST_WORD_DEADLINE_MS
+
+    wakes: list[int] = []
+    endpointer = timing_endpointer(wakes)
+    endpointer.on_answer(1)
+    endpointer.add_text(1, 0.41, -0.33)  # the words are in (and the voice: no scorer here) ...
+    endpointer.on_pause(1, np.zeros(16000, np.float32), SEMANTIC)
+    assert endpointer.verdict(1) is None  # ... but not their last word: the verdict waits
+    assert endpointer.end_silence_ms(1, SEMANTIC) == 1600  # (pending: nothing ends the turn early)
+    assert not endpointer.on_silence(1, LAST_WORD_DEADLINE_MS - 32)  # before the deadline: still waiting
+    assert endpointer.verdict(1) is None and wakes == []
+    endpointer.add_last_word(1, INVENTED)
+    verdict = endpointer.verdict(1)
+    assert verdict is not None and not verdict.is_complete and not verdict.is_last_word_late  # decided with it
+    assert wakes == [1]  # the VAD stage applies it at once
+    assert not endpointer.on_silence(1, LAST_WORD_DEADLINE_MS)  # decided: the deadline changes nothing
+
+    heard = timing_endpointer()  # a heard last word: finished
+    heard.on_pause(1, np.zeros(16000, np.float32), SEMANTIC)
+    heard.add_text(1, 0.41, -0.33)
+    assert heard.verdict(1) is None
+    heard.add_last_word(1, HEARD)
+    assert heard.verdict(1).is_complete
+
+
+def test_past_its_deadline_the_verdict_decides_without_the_last_word_as_when_it_is_not_timed():
+    from pipeline.endpointing.endpointer import LAST_WORD_DEADLINE_MS
+
+    endpointer = timing_endpointer()
+    endpointer.on_pause(1, np.zeros(16000, np.float32), SEMANTIC)
+    endpointer.add_text(1, 0.41, -0.33)
+    assert endpointer.on_silence(1, LAST_WORD_DEADLINE_MS)  # made the verdict (the caller applies it)
+    verdict = endpointer.verdict(1)
+    assert verdict.is_complete and verdict.is_last_word_late  # the words alone: finished, as unchecked
+    endpointer.add_last_word(1, INVENTED)  # too late: the turn is decided
+    assert endpointer.verdict(1) is verdict
+    # a deadline passed while another signal is still out: a word that comes before that signal counts
+    endpointer = timing_endpointer()
+    endpointer.on_pause(1, np.zeros(16000, np.float32), SEMANTIC)
+    assert not endpointer.on_silence(1, LAST_WORD_DEADLINE_MS)
+    endpointer.add_last_word(1, INVENTED)
+    endpointer.add_text(1, 0.41, -0.33)
+    assert not endpointer.verdict(1).is_complete and not endpointer.verdict(1).is_last_word_late
+    # nothing to wait for when the persona does not check the last word
+    unchecked = timing_endpointer()
+    unchecked.on_pause(1, np.zeros(16000, np.float32), dataclasses.replace(SEMANTIC, is_last_word_checked=False))
+    unchecked.add_text(1, 0.41, -0.33)
+    assert unchecked.verdict(1).is_complete
+
+
+def test_the_vad_stage_ends_the_turn_at_the_deadline_without_the_last_word_and_counts_it():
+    """In audio time: the words say finished, their last word is never timed (a stalled alignment);
+    at LAST_WORD_DEADLINE_MS of silence the turn is judged without it and ends at once."""
+    from pipeline.endpointing.endpointer import LAST_WORD_DEADLINE_MS
+    from pipeline.frames import SpeechEnded, TurnJudged
+    from tests.pipeline.test_endpointing import SEMANTIC as VAD_SEMANTIC, Harness, frames, speak_then_pause
+
+    h = Harness(VAD_SEMANTIC)
+    h.endpointer = h.stage.endpointer = timing_endpointer(h.ticks)
+    last_voiced = speak_then_pause(h)
+    h.text_signal(0.4)
+    assert not h.of(TurnJudged)  # waiting for the last word
+    h.feed(0.0, frames(1000))
+    [(judged_at, judged)] = h.of(TurnJudged)
+    [(end, _)] = h.of(SpeechEnded)
+    assert judged.is_complete and judged_at == end == last_voiced + frames(LAST_WORD_DEADLINE_MS)
+    assert h.stage.book.get(judged.gen)["counts"]["last_word_late"] == 1
 
 
 FULL = "What should I cook for dinner tonight?"
 FRAGMENT = "What should I cook for"
 
 
+class LastWordsTold:
+    """Stands in for the endpointer: the last word the ASR stage reports after each final."""
+
+    def __init__(self):
+        self.words: dict[int, LastWord | None] = {}
+
+    def add_last_word(self, gen: int, last_word: LastWord | None) -> None:
+        self.words[gen] = last_word
+
+
 def read_at_the_pause(audio: np.ndarray, transcriber, vad_model):
-    """The final transcript ASR sends at the first pause, through the real VAD and ASR stages fed
-    32 ms frames as a session is (after the scripted user's 0.3 s lead-in)."""
+    """The final transcript ASR sends at the first pause, and its last word (timed after it), through
+    the real VAD and ASR stages fed 32 ms frames as a session is (after the scripted user's 0.3 s lead-in)."""
     from pipeline.asr.stage import ASRStage
     from pipeline.config import ASRConfig, VADConfig
     from pipeline.frames import AudioIn, Transcript
@@ -86,15 +173,16 @@ def read_at_the_pause(audio: np.ndarray, transcriber, vad_model):
     from pipeline.vad.stage import VADStage
     from pipeline.waterfall import WaterfallBook
 
-    asr = ASRStage(transcriber, ASRConfig(), lambda: "en", WaterfallBook())
+    told = LastWordsTold()
+    asr = ASRStage(transcriber, ASRConfig(), lambda: "en", WaterfallBook(), endpointer=told)
     vad = VADStage(SileroVAD(vad_model), VADConfig(), TurnCounter(), lambda: Endpointing(mode="silence"),
                    WaterfallBook())
     stream = np.concatenate([np.zeros(4800, np.float32), audio, np.zeros(16000, np.float32)])
     for i in range(0, len(stream) - 511, 512):
         for frame in vad.process(AudioIn(gen=0, samples=stream[i:i + 512])):
             finals = [t for t in asr.process(frame) if isinstance(t, Transcript) and t.is_final]
-            if finals:
-                return finals[0]
+            if finals:  # (the stage timed the last word after sending the final, in the same call)
+                return finals[0], told.words[finals[0].gen]
     raise AssertionError("no final transcript")
 
 
@@ -114,22 +202,22 @@ def test_a_fragment_whisper_completes_with_an_invented_word_waits(transcriber, v
     persona = PersonaStore().get("nova")
 
     def judged(audio: np.ndarray, endpointing: Endpointing):
-        final = read_at_the_pause(audio, transcriber, vad_model)
+        final, last_word = read_at_the_pause(audio, transcriber, vad_model)
         words = strip_trailing_punctuation(final.text)
         messages = [{"role": "system", "content": persona.full_system_prompt()}, {"role": "user", "content": words}]
         p_text = engine_llm.probe_sentence_end(messages, "last-word-test")
         engine_llm.end_session("last-word-test")
-        return final, verdict(final.last_word, endpointing, smart_turn(audio), p_text, final.avg_logprob)
+        return (final, last_word), verdict(last_word, endpointing, smart_turn(audio), p_text, final.avg_logprob)
 
     full = synthesize(FULL, "flite:rms", None, tmp_path)
     fragment = full[:cut_point(full, FULL, FRAGMENT, transcriber.model)]
-    final, checked = judged(fragment, SEMANTIC)
-    print(f"\n{final.text!r} {final.last_word} -> {checked}")
+    (final, last_word), checked = judged(fragment, SEMANTIC)
+    print(f"\n{final.text!r} {last_word} -> {checked}")
     assert normalize(final.text).split()[-1] != "for", final.text  # the premise: Whisper added a word
-    assert is_doubtful(final.last_word)
+    assert is_doubtful(last_word)
     assert not checked.is_complete  # waits through the pause
     _, unchecked = judged(fragment, dataclasses.replace(SEMANTIC, is_last_word_checked=False))
     assert unchecked.is_complete  # what the check prevents: the fragment judged finished
-    final, whole = judged(full, SEMANTIC)
-    print(f"{final.text!r} {final.last_word} -> {whole}")
-    assert not is_doubtful(final.last_word) and whole.is_complete
+    (final, last_word), whole = judged(full, SEMANTIC)
+    print(f"{final.text!r} {last_word} -> {whole}")
+    assert last_word is not None and not is_doubtful(last_word) and whole.is_complete
