@@ -35,7 +35,7 @@ QUESTIONS = (
     "Give me a tip for sleeping better.",
 )
 REUSED = ("asr_final_reused", "text_probe_reused", "early_answer_adopted")  # work ready at the pause (counts)
-STAGES = ("turn_end_detected", "asr_final", "llm_first_token", "first_chunk_ready", "first_audio_ready",
+STAGES = ("turn_end_detected", "asr_final", "last_word_timed", "llm_first_token", "first_chunk_ready", "first_audio_ready",
           "first_audio_out")
 
 

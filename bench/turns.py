@@ -4,7 +4,9 @@ question fast? Per end-of-turn mode, on a labelled set built here (bench/turn_se
     voxlane bench turns [--set dev|held-out|held-out-2] [--modes semantic,silence] [--sentences 24] [--json]
 
 ``--modes`` also takes ``semantic-no-last-word`` (semantic without the last-word check), for a
-before/after of that check in one run.
+before/after of that check in one run, and ``semantic-timed-first`` (the final transcript sent only
+once its last word is timed, as before that timing became a signal of its own), for a before/after
+of that change: the same decisions, the answer no longer behind the alignment pass.
 
 Each item is fed in real time to a fresh session, once per mode (alternating, so both modes see
 the same machine load). Reported per mode:
@@ -32,13 +34,23 @@ from pipeline.persona.persona import Persona
 MODES = ("semantic", "silence")
 # Variants a run can compare besides the modes: the persona's endpointing with these changes.
 VARIANTS = {"semantic": {"mode": "semantic"}, "silence": {"mode": "silence"},
-            "semantic-no-last-word": {"mode": "semantic", "is_last_word_checked": False}}
+            "semantic-no-last-word": {"mode": "semantic", "is_last_word_checked": False},
+            "semantic-timed-first": {"mode": "semantic"}}
+# ... and these pipeline settings ([pipeline.asr] and so on)
+PIPELINE_VARIANTS = {"semantic-timed-first": {"asr": {"is_last_word_timed_first": True}}}
 CUT_MARGIN_SAMPLES = 1600  # a SpeechEnded within 100 ms after the pause is still "inside" it (VAD lateness)
 
 
-def run_item(models, persona: Persona, config, item: TurnItem, session: str) -> dict:
+def pipeline_config(config, mode: str):
+    """The pipeline settings of ``mode`` (PIPELINE_VARIANTS over the app's)."""
+    changes = PIPELINE_VARIANTS.get(mode, {})
+    return dataclasses.replace(config.pipeline, **{section: dataclasses.replace(getattr(config.pipeline, section), **values)
+                                                   for section, values in changes.items()})
+
+
+def run_item(models, persona: Persona, config, item: TurnItem, session: str, pipeline_settings=None) -> dict:
     """One utterance through a fresh session; what happened to it."""
-    pipeline = make_pipeline(models, persona, persona.key, config.pipeline, session=session)
+    pipeline = make_pipeline(models, persona, persona.key, pipeline_settings or config.pipeline, session=session)
     try:
         result = ScriptedUser(pipeline).run([InputAudio(item.audio)], is_last_played=False)
     finally:
@@ -64,6 +76,7 @@ def run_item(models, persona: Persona, config, item: TurnItem, session: str) -> 
     signals = {name: first.get(name) for name in ("p_audio", "p_text", "words_logprob", "last_word")}
     return {"item": item.name, "voice": item.voice, "complete": item.is_complete, "noisy": item.is_noisy,
             "turns": len(result.turns), "false_cut": cut, "missed_end": missed, "late_verdict": late,
+            "last_word_late": bool(first.get("last_word_late") or counts.get("last_word_late")),
             "heard": last.user if last else "", "end_wait_ms": waited_ms,
             "voice_to_voice_ms": last.voice_to_voice_ms if last else None, "p_complete": p_complete,
             "first_pause": {"heard": result.turns[0].user if result.turns else "", **signals}}
@@ -95,6 +108,7 @@ def mode_report(rows: list[dict]) -> dict:
             "missed_ends": sum(r["missed_end"] for r in complete), "complete_items": len(complete),
             "missed_end_rate": round(sum(r["missed_end"] for r in complete) / max(1, len(complete)), 3),
             "late_verdicts": sum(r.get("late_verdict", False) for r in complete),
+            "last_word_late": sum(r.get("last_word_late", False) for r in rows),
             "unanswered": sum(1 for r in complete if r["voice_to_voice_ms"] is None),
             "voice_to_voice_ms": summary(v2v)}
 
@@ -125,7 +139,8 @@ def main(argv: list[str]) -> int:
         for index, item in enumerate(items):
             for mode in (modes if index % 2 == 0 else modes[::-1]):  # alternate who goes first
                 persona = dataclasses.replace(base, endpointing=dataclasses.replace(base.endpointing, **VARIANTS[mode]))
-                row = run_item(models, persona, config, item, session=f"turns-{mode}-{index}")
+                row = run_item(models, persona, config, item, session=f"turns-{mode}-{index}",
+                               pipeline_settings=pipeline_config(config, mode))
                 rows[mode].append(row)
                 if not args.json:
                     print(f"  {mode:8} {item.name:28} turns={row['turns']} cut={row['false_cut']!s:5} "
@@ -152,10 +167,12 @@ def print_report(data: dict) -> None:
     print(f"turn taking on {c['items']} utterances of the {c.get('set', 'dev')} set ({c['asr']}, {c['llm']}; semantic: short {e['short_silence_ms']} ms, "
           f"long {e['long_silence_ms']} ms, threshold {e['threshold']}; silence: {e['silence_ms']} ms; pause_ms "
           f"{c['pause_ms']}; load average {c['load_average_before']} -> {c['load_average_after']} on {c['cpu_count']} CPUs)")
-    print(f"{'mode':10} {'false cuts':>14} {'missed ends':>14} {'(late)':>7} {'v2v p50':>9} {'v2v p95':>9}")
+    print(f"{'mode':10} {'false cuts':>14} {'missed ends':>14} {'(late)':>7} {'v2v p50':>9} {'v2v p95':>9} "
+          f"{'word late':>9}")
     for mode, r in data["modes"].items():
         print(f"{mode:10} {r['false_cuts']:>4}/{r['paused_items']:<3} {100 * r['false_cut_rate']:>4.0f} % "
               f"{r['missed_ends']:>4}/{r['complete_items']:<3} {100 * r['missed_end_rate']:>4.0f} % {r['late_verdicts']:>7} "
-              f"{r['voice_to_voice_ms']['p50']:>9} {r['voice_to_voice_ms']['p95']:>9}")
+              f"{r['voice_to_voice_ms']['p50']:>9} {r['voice_to_voice_ms']['p95']:>9} {r.get('last_word_late', 0):>9}")
     print("false cut: a paused, unfinished sentence was ended in its pause; missed end: a finished question "
-          "waited the long maximum; voice to voice: true end of speech -> first audio, complete questions")
+          "waited the long maximum; voice to voice: true end of speech -> first audio, complete questions; "
+          "word late: items judged without the last word's timing (it missed its deadline)")
