@@ -23,19 +23,25 @@ def apply_repetition_penalty(logits: Tensor, seen_ids: list[int], penalty: float
     return logits
 
 
+DRY_WINDOW = 256  # output tokens DRY looks back over (llama.cpp's dry_penalty_last_n) ...
+DRY_MAX_RUN = 64  # ... and the longest run it counts: a step costs at most 256 x 64 comparisons, and
+# base ** (run - allowed_length) stays a finite float (a request may ask for 32k tokens of one loop)
+
+
 def apply_dry_penalty(logits: Tensor, output_ids: list[int], p: SamplingParams) -> Tensor:
-    """DRY over the output ids (SamplingParams.dry_*): for each earlier position i, the run of tokens
-    ending at i that equals the run ending at the last token (its length L), and the token that came
-    after it then, ``output_ids[i + 1]``, which would repeat the run once more: that token loses
-    ``multiplier * base ** (L - allowed_length)`` when L >= allowed_length (its longest run counts).
-    O(len(output_ids) x run length) per step: a few hundred comparisons for a spoken answer."""
+    """DRY over the last ``DRY_WINDOW`` output ids (SamplingParams.dry_*): for each earlier position
+    i, the run of tokens ending at i that equals the run ending at the last token (its length L, at
+    most ``DRY_MAX_RUN``), and the token that came after it then, ``ids[i + 1]``, which would repeat
+    the run once more: that token loses ``multiplier * base ** (L - allowed_length)`` when
+    L >= allowed_length (its longest run counts)."""
     if p.dry_multiplier == 0.0 or len(output_ids) < 2:
         return logits
-    ids, last = output_ids, len(output_ids) - 1
+    ids = output_ids[-DRY_WINDOW:]
+    last = len(ids) - 1
     longest: dict[int, int] = {}
-    for i in range(last):  # i < last: the token after i is in the output
+    for i in range(last):  # i < last: the token after i is in the window
         run = 0
-        while run <= i and ids[i - run] == ids[last - run]:
+        while run <= i and run < DRY_MAX_RUN and ids[i - run] == ids[last - run]:
             run += 1
         if run >= p.dry_allowed_length:
             following = ids[i + 1]

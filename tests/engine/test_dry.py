@@ -33,6 +33,17 @@ def test_the_token_that_would_repeat_a_run_loses_more_the_longer_the_run():
     assert not apply_dry_penalty(torch.zeros(10), [5, 6, 7, 5, 6], SamplingParams()).any()  # off by default
 
 
+def test_a_long_loop_costs_a_bounded_step_and_a_finite_penalty():
+    """A request may ask for 32k tokens of one token repeated: the look-back is DRY_WINDOW tokens and
+    a run counts up to DRY_MAX_RUN, so the step stays cheap and base ** run finite."""
+    from engine.sampler import DRY_MAX_RUN
+
+    strong = dataclasses.replace(DRY, dry_base=4.0)
+    penalized = apply_dry_penalty(torch.zeros(10), [3] * 30000, strong)
+    assert penalized[3] == pytest.approx(-0.8 * 4.0 ** (DRY_MAX_RUN - 2)) and torch.isfinite(penalized).all()
+    assert not penalized[torch.arange(10) != 3].any()
+
+
 def test_the_sampler_applies_it_to_the_output_not_the_prompt():
     logits = torch.zeros(1, 10)
     logits[0, 7], logits[0, 8] = 1.5, 1.0  # the model wants 7 (the loop), then 8
