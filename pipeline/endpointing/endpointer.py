@@ -105,13 +105,10 @@ class Endpointer:
     def on_silence(self, gen: int, silent_ms: int) -> bool:
         """The silence in turn ``gen`` so far (the VAD stage, each silent frame). Past
         ``last_word_deadline_ms`` the verdict stops waiting for the last word. Returns whether that
-        made the verdict (the caller applies it at once)."""
-        with self._lock:
-            signals = self._signals
-            if signals is None or signals.gen != gen or self._verdict is not None or \
-                    silent_ms < self.last_word_deadline_ms or "last_word" not in signals.expected or \
-                    "last_word" in signals.values:
-                return False
+        made the verdict (the caller applies it at once). (``_update`` skips a pause that is over or
+        decided, ``miss_last_word`` one whose word came or is not expected.)"""
+        if silent_ms < self.last_word_deadline_ms:
+            return False
         return self._update(gen, PauseSignals.miss_last_word, wake=False)
 
     def _add(self, gen: int, kind: str, value: float | None) -> None:

@@ -38,8 +38,6 @@ from pipeline.stage import Stage, TurnRefused
 from pipeline.waterfall import WaterfallBook
 
 log = logging.getLogger(__name__)
-Heard = float | None  # how sure ASR is of a final's words: Whisper's avg log-prob (the last word's timing goes
-# to the endpointer from the ASR stage, after the final: Endpointer.add_last_word)
 
 
 class LLMStage(Stage):
@@ -123,9 +121,8 @@ class LLMStage(Stage):
         elif isinstance(frame, Transcript) and frame.is_final:
             yield frame
             self._early_answer_to(frame.gen, frame.text)  # one to other words is cancelled before any probe
-            heard = frame.avg_logprob  # for the endpointer, with the words' probe
-            words = self._probe_end_of_turn(frame.gen, frame.text, heard)
-            yield from self._answer(frame.gen, frame.text, words, heard)
+            words = self._probe_end_of_turn(frame.gen, frame.text, frame.avg_logprob)
+            yield from self._answer(frame.gen, frame.text, words, frame.avg_logprob)
         elif isinstance(frame, TextIn):
             self._early_answer_to(frame.gen, None)  # (cancels one, if any)
             self.book.mark(frame.gen, "text_in")
@@ -222,7 +219,7 @@ class LLMStage(Stage):
         return self._probes_words(persona) and bool(self.session) and \
             callable(getattr(self.backend, "generate_probing", None))
 
-    def _probe_end_of_turn(self, gen: int, text: str, heard: Heard) -> str | None:
+    def _probe_end_of_turn(self, gen: int, text: str, words_logprob: float | None) -> str | None:
         """The text signal for the endpointer, if it waits for one on this turn. Returns the words
         the answer's prefill is to probe instead (None: nothing left to probe)."""
         if self.endpointer is None or not self.endpointer.wants_text(gen):
@@ -239,11 +236,11 @@ class LLMStage(Stage):
                 p_text = self.backend.probe_sentence_end(self._prompt(gen, self.persona(), words)[0], self.session)
         except Exception:  # refused or failed: the audio signal (or the long silence) still ends the turn
             log.warning("end-of-turn text probe failed", exc_info=True)
-        self.endpointer.add_text(gen, p_text, heard)
+        self.endpointer.add_text(gen, p_text, words_logprob)
         return None
 
     def _submit(self, gen: int, messages: list[dict], persona: Persona, words: str | None,
-                heard: Heard) -> tuple[Completion, Callable[[], None]]:
+                words_logprob: float | None) -> tuple[Completion, Callable[[], None]]:
         """The answer's request, probing ``words`` in its prefill when given. Returns it and what to
         call once it is over: the endpointer must hear about the words even if no probe came (the
         request was cancelled or failed before its prefill)."""
@@ -254,7 +251,7 @@ class LLMStage(Stage):
         def tell(p_text: float | None) -> None:
             if not told.is_set():
                 told.set()
-                self.endpointer.add_text(gen, p_text, heard)
+                self.endpointer.add_text(gen, p_text, words_logprob)
 
         completion, probe_messages = None, None
         try:
@@ -287,7 +284,7 @@ class LLMStage(Stage):
             raise TurnRefused("That message is too long for me to read. Please say it in fewer words.")
         return messages, num_tokens
 
-    def _answer(self, gen: int, user: str, words: str | None = None, heard: Heard = None) -> Iterable[Frame]:
+    def _answer(self, gen: int, user: str, words: str | None = None, words_logprob: float | None = None) -> Iterable[Frame]:
         persona = self.persona()
         if self.config.is_prewarm_enabled and self._shared_prompt is not None:
             self._share_system_prompt(persona)
@@ -299,7 +296,7 @@ class LLMStage(Stage):
         if completion is not None:
             self.book.set(gen, "early_answer_adopted", 1)
         else:
-            completion, on_end = self._submit(gen, messages, persona, words, heard)
+            completion, on_end = self._submit(gen, messages, persona, words, words_logprob)
         self.book.set(gen, "prompt_tokens", num_prompt_tokens)
         with self._lock:
             self._active = (gen, completion)
