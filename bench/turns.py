@@ -1,7 +1,7 @@
 """``voxlane bench turns``: does the assistant wait through a thinking pause, and answer a finished
 question fast? Per end-of-turn mode, on a labelled set built here (bench/turn_set.py).
 
-    voxlane bench turns [--set dev|held-out|held-out-2] [--modes semantic,silence] [--sentences 24] [--json]
+    voxlane bench turns [--set dev|held-out|held-out-2|held-out-3] [--modes semantic,silence] [--sentences 24] [--json]
 
 ``--modes`` also takes ``semantic-no-last-word`` (semantic without the last-word check), for a
 before/after of that check in one run, and ``semantic-timed-first`` (the final transcript sent only
@@ -10,7 +10,8 @@ of that change: the same decisions, the answer no longer behind the alignment pa
 
 Each item is fed in real time to a fresh session, once per mode (alternating, so both modes see
 the same machine load). Reported per mode:
-- false cuts: paused items whose turn ended inside the pause (the fragment was answered);
+- false cuts: paused items whose turn ended inside the pause (the fragment was answered); also
+  among pauses of at most 1 s alone (the target's scope: "false cuts on mid-sentence pauses up to 1 s");
 - missed ends: complete items that waited the long maximum (judged unfinished, or judged finished
   only after the long silence had passed: "late verdicts", a sign of an overloaded machine);
 - voice to voice p50/p95 on complete items, from the true end of speech in the input (by energy,
@@ -74,7 +75,9 @@ def run_item(models, persona: Persona, config, item: TurnItem, session: str, pip
     # item that waited reports one turn, the resumed utterance, with the signals of its last pause)
     first = result.turns[0].waterfall.get("counts", {}) if result.turns else {}
     signals = {name: first.get(name) for name in ("p_audio", "p_text", "words_logprob", "last_word")}
+    pause_ms = round(1000 * (item.pause_end - item.pause_start) / 16000) if not item.is_complete else None
     return {"item": item.name, "voice": item.voice, "complete": item.is_complete, "noisy": item.is_noisy,
+            "pause_ms": pause_ms,
             "turns": len(result.turns), "false_cut": cut, "missed_end": missed, "late_verdict": late,
             "last_word_late": bool(first.get("last_word_late") or counts.get("last_word_late")),
             "heard": last.user if last else "", "end_wait_ms": waited_ms,
@@ -99,12 +102,17 @@ def end_outcome(is_complete: bool, endpointing, waited_ms: float | None, p_compl
     return waited_long or judged_unfinished, waited_long and judged_finished
 
 
+UP_TO_MS = 1000  # the target counts false cuts on pauses up to 1 s
+
+
 def mode_report(rows: list[dict]) -> dict:
     paused = [r for r in rows if not r["complete"]]
+    short = [r for r in paused if r.get("pause_ms") is not None and r["pause_ms"] <= UP_TO_MS]
     complete = [r for r in rows if r["complete"]]
     v2v = [r["voice_to_voice_ms"] for r in complete if r["voice_to_voice_ms"] is not None]
     return {"false_cuts": sum(r["false_cut"] for r in paused), "paused_items": len(paused),
             "false_cut_rate": round(sum(r["false_cut"] for r in paused) / max(1, len(paused)), 3),
+            "false_cuts_up_to_1s": sum(r["false_cut"] for r in short), "paused_items_up_to_1s": len(short),
             "missed_ends": sum(r["missed_end"] for r in complete), "complete_items": len(complete),
             "missed_end_rate": round(sum(r["missed_end"] for r in complete) / max(1, len(complete)), 3),
             "late_verdicts": sum(r.get("late_verdict", False) for r in complete),
@@ -167,12 +175,13 @@ def print_report(data: dict) -> None:
     print(f"turn taking on {c['items']} utterances of the {c.get('set', 'dev')} set ({c['asr']}, {c['llm']}; semantic: short {e['short_silence_ms']} ms, "
           f"long {e['long_silence_ms']} ms, threshold {e['threshold']}; silence: {e['silence_ms']} ms; pause_ms "
           f"{c['pause_ms']}; load average {c['load_average_before']} -> {c['load_average_after']} on {c['cpu_count']} CPUs)")
-    print(f"{'mode':10} {'false cuts':>14} {'missed ends':>14} {'(late)':>7} {'v2v p50':>9} {'v2v p95':>9} "
-          f"{'word late':>9}")
+    print(f"{'mode':10} {'false cuts':>14} {'<= 1 s':>8} {'missed ends':>14} {'(late)':>7} {'v2v p50':>9} "
+          f"{'v2v p95':>9} {'word late':>9}")
     for mode, r in data["modes"].items():
         print(f"{mode:10} {r['false_cuts']:>4}/{r['paused_items']:<3} {100 * r['false_cut_rate']:>4.0f} % "
+              f"{r.get('false_cuts_up_to_1s', 0):>4}/{r.get('paused_items_up_to_1s', 0):<3} "
               f"{r['missed_ends']:>4}/{r['complete_items']:<3} {100 * r['missed_end_rate']:>4.0f} % {r['late_verdicts']:>7} "
               f"{r['voice_to_voice_ms']['p50']:>9} {r['voice_to_voice_ms']['p95']:>9} {r.get('last_word_late', 0):>9}")
-    print("false cut: a paused, unfinished sentence was ended in its pause; missed end: a finished question "
+    print("false cut: a paused, unfinished sentence was ended in its pause (<= 1 s: among pauses up to 1 s); missed end: a finished question "
           "waited the long maximum; voice to voice: true end of speech -> first audio, complete questions; "
           "word late: items judged without the last word's timing (it missed its deadline)")

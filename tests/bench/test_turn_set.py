@@ -32,12 +32,15 @@ def test_the_pause_goes_where_the_sentence_is_unfinished(piper_voice_path, whisp
 
 
 def test_the_report_counts_cuts_on_paused_items_and_missed_ends_on_complete_ones():
-    rows = [{"complete": False, "false_cut": True}, {"complete": False, "false_cut": False},
+    rows = [{"complete": False, "false_cut": True, "pause_ms": 1200}, {"complete": False, "false_cut": False},
+            {"complete": False, "false_cut": True, "pause_ms": 1000}, {"complete": False, "false_cut": False, "pause_ms": 500},
             {"complete": True, "missed_end": True, "late_verdict": True, "voice_to_voice_ms": 2100.0},
             {"complete": True, "missed_end": False, "voice_to_voice_ms": 400.0},
             {"complete": True, "missed_end": False, "voice_to_voice_ms": None}]
     report = mode_report(rows)
-    assert (report["false_cuts"], report["paused_items"], report["false_cut_rate"]) == (1, 2, 0.5)
+    assert (report["false_cuts"], report["paused_items"], report["false_cut_rate"]) == (2, 4, 0.5)
+    # the target's scope: pauses up to 1 s (a row without its pause counts in the total only)
+    assert (report["false_cuts_up_to_1s"], report["paused_items_up_to_1s"]) == (1, 2)
     assert (report["missed_ends"], report["late_verdicts"], report["complete_items"], report["unanswered"]) == (1, 1, 3, 1)
     assert report["voice_to_voice_ms"]["n"] == 2
 
@@ -76,7 +79,33 @@ def test_the_held_out_sets_share_no_sentence_with_the_dev_set_and_each_cut_is_a_
 
     sentences = [text for pairs in SETS.values() for text, _ in pairs]
     assert len(sentences) == len(set(sentences))  # a rule chosen on one set is reported on others
+    assert {name: len(pairs) for name, pairs in SETS.items()} == \
+        {"dev": 24, "held-out": 24, "held-out-2": 24, "held-out-3": 48}
     for pairs in SETS.values():
-        assert len(pairs) == 24
         for text, prefix in pairs:
             assert text.startswith(prefix) and len(prefix) < len(text) - 3, (text, prefix)
+    # held-out-3 cuts after each kind of word in turn, eight of each (the comment beside each pair)
+    last_words = [prefix.split()[-1].lower() for _, prefix in SETS["held-out-3"]]
+    assert sum(word == "and" for word in last_words) == 8
+    assert sum(word in ("my", "our", "their") or word.endswith("'s") for word in last_words) == 8
+    assert sum(word in ("two", "three", "five", "ten", "twenty", "thirty", "hundred") for word in last_words) == 8
+    assert sum(word in ("a", "an", "the") for word in last_words) == 8
+
+
+def test_held_out_3_items_are_built_in_the_same_scheme(monkeypatch, tmp_path):
+    """Each sentence of held-out-3 gives a whole item and a paused one, voices, pauses and noise in
+    the same turn as the other sets (synthesis, cut and pause faked: the scheme is what is checked)."""
+    import bench.turn_set as turn_set
+
+    monkeypatch.setattr(turn_set, "synthesize", lambda text, voice, piper, workdir: np.full(16000, 0.1, np.float32))
+    monkeypatch.setattr(turn_set, "cut_point", lambda full, text, prefix, whisper: 8000)
+    monkeypatch.setattr(turn_set, "insert_pause", lambda audio, at, ms, workdir: np.concatenate(
+        [audio[:at], np.zeros(ms * 16, np.float32), audio[at:]]))
+    items = turn_set.build_turn_set(None, None, name="held-out-3")
+    assert len(items) == 96 and [i.is_complete for i in items] == [True, False] * 48
+    assert [i.text for i in items[::2]] == [text for text, _ in turn_set.HELD_OUT_3_SENTENCES]
+    paused = items[1::2]
+    assert [i.voice for i in paused] == [turn_set.VOICES[k % 6] for k in range(48)]
+    assert [(i.pause_end - i.pause_start) // 16 for i in paused] == [turn_set.PAUSES_MS[k % 6] for k in range(48)]
+    assert [i.is_noisy for i in paused] == [k % 3 == 2 for k in range(48)]
+    assert paused[5].name == "05-flite-kal16-pause800" and items[94].name == "47-flite-kal16-complete"
