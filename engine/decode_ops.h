@@ -74,16 +74,22 @@ struct AttentionScratch {
   std::vector<float> q, scores, inv_total;  // q [R, d], scores [R, n_keys]
 };
 
-// Task t = (row b, kv head g) = (t / Hkv, t % Hkv): RoPE the row's new k and write it and its v
-// at (slot, kv head, position).
+// Row b's new key of kv head g, RoPE'd, written at (slot, g, position); its new value copied likewise.
+inline void write_k(const AttentionArgs& a, int64_t b, int64_t g) {
+  const int64_t d = a.d;
+  float* slot_keys = a.k_cache + ((a.slots[b] * a.Hkv + g) * a.L) * d;  // [L, d] of this slot and kv head
+  rope_into(a.qkv + b * a.row + (a.H + g) * d, a.cos + b * d, a.sin + b * d, d, slot_keys + a.positions[b] * d);
+}
+inline void write_v(const AttentionArgs& a, int64_t b, int64_t g) {
+  const int64_t d = a.d;
+  const float* src = a.qkv + b * a.row + (a.H + a.Hkv + g) * d;
+  std::copy(src, src + d, a.v_cache + ((a.slots[b] * a.Hkv + g) * a.L + a.positions[b]) * d);
+}
+
+// Task t = (row b, kv head g) = (t / Hkv, t % Hkv): both.
 inline void write_kv(const AttentionArgs& a, int64_t t) {
-  const int64_t H = a.H, Hkv = a.Hkv, d = a.d, L = a.L;
-  const int64_t b = t / Hkv, g = t % Hkv, pos = a.positions[b];
-  const float* src = a.qkv + b * a.row;
-  float* slot_keys = a.k_cache + ((a.slots[b] * Hkv + g) * L) * d;  // [L, d] of this slot and kv head
-  float* slot_values = a.v_cache + ((a.slots[b] * Hkv + g) * L) * d;
-  rope_into(src + (H + g) * d, a.cos + b * d, a.sin + b * d, d, slot_keys + pos * d);
-  std::copy(src + (H + Hkv + g) * d, src + (H + Hkv + g + 1) * d, slot_values + pos * d);
+  write_k(a, t / a.Hkv, t % a.Hkv);
+  write_v(a, t / a.Hkv, t % a.Hkv);
 }
 
 #if defined(VOXLANE_GEMM)
@@ -145,9 +151,11 @@ inline void weigh_values(const AttentionScratch& scratch, int64_t R, int64_t n_k
 // Task t = (row b, kv head g): the R query heads of the row that share kv head g attend keys
 // first..position of the row's slot (written before: by earlier steps, or by write_kv for every
 // row of this call, which is what makes a prompt chunk's rows causal), each key and value read
-// once for all R heads.
-inline void attend(const AttentionArgs& a, int64_t t, AttentionScratch& scratch) {
-  const int64_t H = a.H, Hkv = a.Hkv, d = a.d, L = a.L, R = H / Hkv;
+// once for all R heads; or only heads [first_head, end_head) of the R (a decode step on several
+// threads splits a group's heads over tasks: 3 groups of 3 heads are 9 tasks).
+inline void attend(const AttentionArgs& a, int64_t t, AttentionScratch& scratch, int64_t first_head = 0,
+                   int64_t end_head = -1) {
+  const int64_t H = a.H, Hkv = a.Hkv, d = a.d, L = a.L, R = (end_head < 0 ? H / Hkv : end_head) - first_head;
   scratch.q.resize(R * d);
   scratch.inv_total.resize(R);
   const int64_t b = t / Hkv, g = t % Hkv, pos = a.positions[b];
@@ -158,8 +166,9 @@ inline void attend(const AttentionArgs& a, int64_t t, AttentionScratch& scratch)
   const float* slot_values = a.v_cache + ((a.slots[b] * Hkv + g) * L) * d;
   const float* keys = slot_keys + first * d;  // the n_keys attended: positions first..pos
   const float* values = slot_values + first * d;
-  // HF's grouping: query head h = g * R + r uses kv head g.
-  for (int64_t r = 0; r < R; ++r) rope_into(src + (g * R + r) * d, c, s, d, scratch.q.data() + r * d);
+  // HF's grouping: query head h = g * (H / Hkv) + r uses kv head g; this task's are r = first_head + 0..R-1.
+  const int64_t h0 = g * (H / Hkv) + first_head;
+  for (int64_t r = 0; r < R; ++r) rope_into(src + (h0 + r) * d, c, s, d, scratch.q.data() + r * d);
   scratch.scores.resize(R * n_keys);
   int64_t j0 = 0;
 #if defined(VOXLANE_GEMM)
@@ -183,7 +192,7 @@ inline void attend(const AttentionArgs& a, int64_t t, AttentionScratch& scratch)
     for (int64_t j = 0; j < n_keys; ++j) total += (row_scores[j] = fast_exp(row_scores[j] - top));
     scratch.inv_total[r] = 1.f / total;
   }
-  float* out = a.out + b * H * d + g * R * d;  // [R, d]: the group's heads are adjacent in y
+  float* out = a.out + b * H * d + h0 * d;  // [R, d]: the group's heads are adjacent in y
 #if defined(VOXLANE_GEMM)
   if (d == 64 || d == 128) return d == 64 ? weigh_values<4>(scratch, R, n_keys, values, out)
                                           : weigh_values<8>(scratch, R, n_keys, values, out);

@@ -23,6 +23,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -228,8 +229,9 @@ class NativeDecoder : public torch::CustomClassHolder {
 
 // One step as phases for the StepPool. Rows are tokens: one per decoding sequence, and every token
 // of a prompt chunk (consecutive positions of one slot). Per layer: (0) add + input norm, (1) qkv,
-// (2) RoPE'd k and v written into the cache for every row, (3) attention of every row over its
-// slot's keys 0..position (after (2): a chunk's rows see each other causally), (4) o_proj,
+// (2) RoPE'd k and v written into the cache for every row (in a step of <= 8 rows, by the qkv tasks
+// that computed them instead: the phase is empty), (3) attention of every row over its slot's keys
+// 0..position (after (2): a chunk's rows see each other causally), (4) o_proj,
 // (5) add + post norm, (6) gate and up rows of the same intermediate indices, then silu(gate) * up,
 // (7) down; then the final norm and the LM head, for the rows whose logits are wanted only.
 // Matrix phases hand out weight rows in tasks (16 rows, gate/up 32, the head 128; see task_rows), times
@@ -239,9 +241,10 @@ class StepWork : public PhasedWork {
   StepWork(NativeDecoder& m, int64_t T, const int64_t* positions, const int64_t* slots, const int64_t* logit_rows,
            int64_t n_logits, StepBuffers buffers, int threads)
       : m(m), T(T), positions(positions), slots(slots), logit_rows(logit_rows), n_logits(n_logits), buf(buffers),
-        Nqkv((m.H + 2 * m.Hkv) * m.d), scratch(threads), packs(threads),
-        qkv_rows(task_rows(Nqkv, kRows, threads)), d_rows(task_rows(m.D, kRows, threads)),
-        act_rows(task_rows(m.I, kActRows, threads)), head_rows(task_rows(m.head.rows, kHeadRows, threads)) {}
+        Nqkv((m.H + 2 * m.Hkv) * m.d), scratch(threads), packs(threads), kv_in_qkv(T <= 8),
+        qkv_rows(task_rows(Nqkv, kv_in_qkv ? std::lcm(kRows, m.d) : kRows, threads)), d_rows(task_rows(m.D, kRows, threads)),
+        act_rows(task_rows(m.I, kActRows, threads)), head_rows(task_rows(m.head.rows, kHeadRows, threads)),
+        head_tasks(threads > 1 && T * m.Hkv < 4 * threads ? m.H / m.Hkv : 1) {}
 
   int64_t phases() const override { return m.layers * kPerLayer + 2; }
 
@@ -250,7 +253,8 @@ class StepWork : public PhasedWork {
     switch (p % kPerLayer) {
       case 0: case 5: return chunks(T, kRows);
       case 1: return chunks(Nqkv, qkv_rows);
-      case 2: case 3: return T * m.Hkv;
+      case 2: return kv_in_qkv ? 0 : T * m.Hkv;
+      case 3: return T * m.Hkv * head_tasks;
       case 6: return chunks(m.I, act_rows);
       default: return chunks(m.D, d_rows);  // o_proj, down
     }
@@ -292,13 +296,20 @@ class StepWork : public PhasedWork {
                        r1 - r0);
         if (buf.hq.q) quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hq.at_row(r0));
         return;
-      case 1: return layer.qkv.run(buf.h, T, buf.qkv, Nqkv, task * qkv_rows, std::min(Nqkv, (task + 1) * qkv_rows),
-                                   q8(buf.hq), pack(worker, p));
-      case 2: return write_kv(args, task);
-      case 3:
-        attend(args, task, scratch[worker]);
-        if (buf.attnq.q) quantize_heads(task);
+      case 1: {
+        const int64_t n0 = task * qkv_rows, n1 = std::min(Nqkv, n0 + qkv_rows);
+        layer.qkv.run(buf.h, T, buf.qkv, Nqkv, n0, n1, q8(buf.hq), pack(worker, p));
+        if (kv_in_qkv) write_own_kv(args, n0, n1);
         return;
+      }
+      case 2: return write_kv(args, task);
+      case 3: {
+        const int64_t t = task / head_tasks, r0 = (task % head_tasks) * (m.H / m.Hkv / head_tasks);
+        const int64_t r1 = r0 + m.H / m.Hkv / head_tasks;
+        attend(args, t, scratch[worker], r0, r1);
+        if (buf.attnq.q) quantize_heads(t, r0, r1);
+        return;
+      }
       case 4: return layer.o.run(buf.attn, T, buf.delta, D, task * d_rows, std::min(D, (task + 1) * d_rows), q8(buf.attnq),
                                  pack(worker, p));
       case 5:
@@ -336,8 +347,8 @@ class StepWork : public PhasedWork {
 
   // Rows per task of a matrix of `rows` rows: `unit` (a multiple of it), or with several threads at
   // batch <= 8, about kTasksPerThread tasks per thread. Why: a 16-row task of Qwen2.5-0.5B's q/k/v or
-  // o_proj streams ~10 KB of weights, while each task updates three counters that the other core
-  // wrote last (the ticket, the phase's and the step's done counts: a cache-line transfer each).
+  // o_proj streams ~10 KB of weights, while each task updates counters that the other core wrote
+  // last (the ticket and the phase's done count: a cache-line transfer each).
   // One thread keeps the small tasks (its counters stay in its own cache); a prefill chunk's tasks
   // are long enough (each weight row times up to 8 activation rows, re-read per 8).
   int64_t task_rows(int64_t rows, int64_t unit, int threads) const {
@@ -358,12 +369,27 @@ class StepWork : public PhasedWork {
     return &x;
   }
 
-  // Attention task t = (row b, kv head g) wrote the R heads' outputs [g R d, (g + 1) R d) of row b:
-  // their Q8 blocks (head_dim is a multiple of 32 when int8 activations are on).
-  void quantize_heads(int64_t t) const {
-    const int64_t Hkv = m.Hkv, R = m.H / Hkv, d = m.d, b = t / Hkv, g = t % Hkv, c0 = g * R * d;
+  // Attention task t = (row b, kv head g) wrote heads r0..r1 of the group's R, outputs
+  // [(g R + r0) d, (g R + r1) d) of row b: their Q8 blocks (head_dim is a multiple of 32 when int8
+  // activations are on).
+  void quantize_heads(int64_t t, int64_t r0, int64_t r1) const {
+    const int64_t Hkv = m.Hkv, R = m.H / Hkv, d = m.d, b = t / Hkv, g = t % Hkv, c0 = (g * R + r0) * d;
     const Q8Rows row = buf.attnq.at_row(b);
-    quantize_q8(buf.attn + b * m.H * d + c0, R * d, row.q + c0, row.d + c0 / kQ8, row.s + c0 / kQ8);
+    quantize_q8(buf.attn + b * m.H * d + c0, (r1 - r0) * d, row.q + c0, row.d + c0 / kQ8, row.s + c0 / kQ8);
+  }
+
+  // The qkv task of rows [n0, n1) (a multiple of head_dim apart, so every head's rows are one task's)
+  // writes the new keys (RoPE'd) and values of the kv heads whose rows it computed, for every row of
+  // the step, so no phase of its own is needed: attention comes after the whole qkv phase anyway.
+  void write_own_kv(const AttentionArgs& args, int64_t n0, int64_t n1) const {
+    const int64_t d = m.d, k0 = m.H * d, v0 = (m.H + m.Hkv) * d;
+    for (int64_t g = 0; g < m.Hkv; ++g) {
+      const bool k = n0 <= k0 + g * d && k0 + (g + 1) * d <= n1, v = n0 <= v0 + g * d && v0 + (g + 1) * d <= n1;
+      for (int64_t b = 0; b < T && (k || v); ++b) {
+        if (k) write_k(args, b, g);
+        if (v) write_v(args, b, g);
+      }
+    }
   }
 
   NativeDecoder& m;
@@ -374,7 +400,13 @@ class StepWork : public PhasedWork {
   const int64_t Nqkv;
   std::vector<AttentionScratch> scratch;  // one per worker
   std::vector<XPack> packs;  // one per worker: the bf16 tiles of the input of the phase it last packed
+  // Decode-sized steps (<= 8 rows): each qkv task writes the k/v rows it computed into the cache
+  // (write_own_kv; its phase is then empty), its tasks a multiple of head_dim rows.
+  const bool kv_in_qkv;
   const int64_t qkv_rows, d_rows, act_rows, head_rows;  // rows per task of each matrix phase (task_rows)
+  // Attention tasks per (row, kv head): its R query heads split in this many (R, or 1 when there are
+  // enough (row, kv head) pairs for the threads): a batch-1 step of SmolLM2 has 3 kv heads for 2 threads.
+  const int64_t head_tasks;
 };
 
 at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,

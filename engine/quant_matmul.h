@@ -10,7 +10,9 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
+#include "gemv512.h"
 #include "gguf_blocks.h"
 #include "prefill_gemm.h"
 
@@ -113,11 +115,44 @@ inline void rows_times(const QWeight& w, const float* x, int64_t ldx, float* y, 
   });
 }
 
+// One activation row with gemv512.h's 512-bit kernels (formats where gemv512::has<B>()).
+template <class B>
+inline void rows_times_512(const QWeight& w, const float* x, float* y, int64_t n0, int64_t n1) {
+#if defined(VOXLANE_GEMV512)
+  constexpr int R = 4;
+  if constexpr (std::is_same_v<B, gguf::BlockI8>) {
+    row_groups<R, 1>(w, y, 0, n0, n1, [&](auto rows, const uint8_t* p, float* sums) {
+      gemv512::dot_rows_i8<decltype(rows)::value>(p, w.row_bytes, w.cols, x, sums);
+    });
+  } else {
+    using V = gemv512::Values<B>;
+    const int64_t nblocks = w.cols / B::QK;
+    gemv512::Scratch& s = gemv512::scratch();
+    if constexpr (V::kMin) {  // per block of x: sum(x)
+      s.xsum.resize(nblocks);
+      for (int64_t b = 0; b < nblocks; ++b)
+        s.xsum[b] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(x + 32 * b), _mm512_loadu_ps(x + 32 * b + 16)));
+    }
+    s.group.build(R, w.row_bytes, nblocks, B::BYTES, V::kD);
+    s.single.build(1, w.row_bytes, nblocks, B::BYTES, V::kD);
+    if (static_cast<int64_t>(s.scales.size()) < 2 * s.group.padded) s.scales.resize(2 * s.group.padded);
+    row_groups<R, 1>(w, y, 0, n0, n1, [&](auto rows, const uint8_t* p, float* sums) {
+      constexpr int r = decltype(rows)::value;
+      gemv512::dot_rows<B, r>(p, w.row_bytes, nblocks, x, s.xsum.data(), r == R ? s.group : s.single, s.scales.data(), sums);
+    });
+  }
+#else
+  (void)w, (void)x, (void)y, (void)n0, (void)n1;
+#endif
+}
+
 // y[m, n] = x[m, :] . W[n, :] (* row_scale[n]) + bias[n] for rows n in [n0, n1) and M <= 8 rows of
 // x (row stride ldx; y's row stride ldy). Single-threaded: callers split [0, rows) among threads.
 template <class B>
 inline void matvec_format(const QWeight& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, int64_t n0,
                           int64_t n1) {
+  if constexpr (gemv512::has<B>())
+    if (M == 1) return rows_times_512<B>(w, x, y, n0, n1);
   switch (M) {
     case 1: rows_times<B, 4, 1>(w, x, ldx, y, ldy, n0, n1); break;
     case 2: rows_times<B, 4, 2>(w, x, ldx, y, ldy, n0, n1); break;

@@ -75,16 +75,21 @@ class StepPool {
     stalled_ns_ = 0;
     const int64_t phases = work.phases();
     bounds_.assign(phases + 1, 0);
-    for (int64_t p = 0; p < phases; ++p) bounds_[p + 1] = bounds_[p] + work.size(p);
+    after_.assign(phases, -1);
+    int64_t last = -1;  // the last phase with tasks so far
+    for (int64_t p = 0; p < phases; ++p) {
+      bounds_[p + 1] = bounds_[p] + work.size(p);
+      after_[p] = last;
+      if (bounds_[p + 1] > bounds_[p]) last = p;
+    }
     const int64_t total = bounds_[phases];
     if (total == 0) return;
     if (total > kMaxTasks) throw std::runtime_error("StepPool: too many tasks in one step");
     if (done_size_ < phases) {
-      done_ = std::make_unique<std::atomic<int64_t>[]>(phases);
+      done_ = std::make_unique<Counter[]>(phases);
       done_size_ = phases;
     }
-    for (int64_t p = 0; p < phases; ++p) done_[p].store(0, std::memory_order_relaxed);
-    completed_.store(0, std::memory_order_relaxed);
+    for (int64_t p = 0; p < phases; ++p) done_[p].n.store(0, std::memory_order_relaxed);
     work_ = &work;
     ensure_helpers(threads - 1);
     active_helpers_.store(threads - 1, std::memory_order_relaxed);
@@ -96,8 +101,11 @@ class StepPool {
       std::lock_guard<std::mutex> lock(mutex_);
       wake_.notify_all();
     }
-    participate(0);
-    wait_until([&] { return completed_.load(std::memory_order_acquire) >= total; }, true);
+    participate(0, generation_);
+    // The step is done when its last phase with tasks is: each of its tasks waited for the phase
+    // before it, and so on back to the first.
+    const int64_t needed = bounds_[last + 1] - bounds_[last];
+    wait_until([&] { return done_[last].n.load(std::memory_order_acquire) >= needed; }, true);
     if (threads > 1 && stalled_ns_ * 4 > elapsed_ns(start)) solo_left_ = kSoloSteps;
   }
 
@@ -116,10 +124,15 @@ class StepPool {
   bool stop_ = false;
   std::atomic<int> sleeping_{0};
   std::atomic<uint64_t> ticket_{0};
-  std::atomic<int64_t> completed_{0};
-  std::unique_ptr<std::atomic<int64_t>[]> done_;
+  // Tasks done per phase, a cache line each (a thread finishing tasks of one phase does not take the
+  // line that another spins on for the phase before).
+  struct alignas(64) Counter {
+    std::atomic<int64_t> n{0};
+  };
+  std::unique_ptr<Counter[]> done_;
   int64_t done_size_ = 0;
   std::vector<int64_t> bounds_;  // phase p's tasks are tickets [bounds_[p], bounds_[p + 1])
+  std::vector<int64_t> after_;   // the phase p waits for: the last one before it with tasks (-1: none)
   PhasedWork* work_ = nullptr;
   uint32_t generation_ = 0;
   std::atomic<int> active_helpers_{0};  // helpers 1..active_helpers_ take part in the current step
@@ -160,23 +173,29 @@ class StepPool {
     }
   }
 
-  // Take tickets until the step has none left. Tickets of a finished generation carry an index
-  // past their task count, so a late thread does nothing with them.
-  void participate(int worker) {
+  // Take tickets of step `generation` until it has none left. A ticket is taken only while the
+  // word still holds that generation: a helper that the OS paused after its last task of a step must
+  // not take (and then mishandle, its phase being the old step's) a ticket of the next one. Tickets of
+  // a finished generation carry an index past their task count.
+  void participate(int worker, uint64_t generation) {
     int64_t phase = 0;
     for (;;) {
-      const uint64_t ticket = ticket_.fetch_add(1, std::memory_order_acq_rel);
-      const int64_t total = int64_t((ticket >> kIndexBits) & kIndexMask), index = int64_t(ticket & kIndexMask);
-      if (index >= total) return;
+      uint64_t ticket = ticket_.load(std::memory_order_acquire);
+      int64_t index;
+      for (;;) {
+        const int64_t total = int64_t((ticket >> kIndexBits) & kIndexMask);
+        index = int64_t(ticket & kIndexMask);
+        if ((ticket >> 48) != generation || index >= total) return;
+        if (ticket_.compare_exchange_weak(ticket, ticket + 1, std::memory_order_acq_rel, std::memory_order_acquire)) break;
+      }
       while (bounds_[phase + 1] <= index) ++phase;  // tickets rise, so the phase only moves forward
-      if (phase > 0) {
-        const int64_t needed = bounds_[phase] - bounds_[phase - 1];
-        const auto* done = &done_[phase - 1];
+      if (const int64_t before = after_[phase]; before >= 0) {
+        const int64_t needed = bounds_[before + 1] - bounds_[before];
+        const auto* done = &done_[before].n;
         wait_until([&] { return done->load(std::memory_order_acquire) >= needed; }, worker == 0);
       }
       work_->run(phase, index - bounds_[phase], worker);
-      done_[phase].fetch_add(1, std::memory_order_acq_rel);
-      completed_.fetch_add(1, std::memory_order_acq_rel);
+      done_[phase].n.fetch_add(1, std::memory_order_acq_rel);
     }
   }
 
@@ -199,7 +218,7 @@ class StepPool {
         gen = ticket_.load(std::memory_order_acquire) >> 48;
       }
       seen = gen;
-      if (worker <= active_helpers_.load(std::memory_order_relaxed)) participate(worker);
+      if (worker <= active_helpers_.load(std::memory_order_relaxed)) participate(worker, gen);
     }
   }
 };

@@ -159,15 +159,14 @@ def test_mixed_prefill_and_decode_equals_separate_calls(native_model, B):
     assert all((a - b).abs().max().item() < 1e-4 for a, b in zip(ks1, ks2))
 
 
-def _decode_steps(model, steps: int):
-    """A fresh runner (a new thread pool): 3 sequences prefilled, then ``steps`` decode steps ->
-    (the last step's logits, the runner)."""
+def _decode_steps(model, steps: int, slots=SCATTERED_SLOTS[3]):
+    """A fresh runner (a new thread pool): a sequence prefilled in each slot (3 by default), then
+    ``steps`` decode steps -> (the last step's logits, the runner)."""
     runner = ModelRunner(model, KVCache(model.args, 9, 128, torch.float32))
-    slots = SCATTERED_SLOTS[3]
     for slot in slots:
         runner.prefill(slot, [(slot * 37 + i * 11) % 4000 + 100 for i in range(10)], 0, want_logits=False)
     for i in range(steps):
-        logits = runner.decode(slots, [1000 + i] * 3, [10 + i] * 3)
+        logits = runner.decode(slots, [1000 + i] * len(slots), [10 + i] * len(slots))
     return logits, runner
 
 
@@ -243,3 +242,19 @@ def test_a_dead_builds_lock_file_does_not_hang_the_next_load(ops, tmp_path):
         assert not stale.exists()
     finally:
         stale.unlink(missing_ok=True)
+
+
+def test_two_threads_split_a_decode_steps_attention_and_change_no_logit(native_model):
+    """Batch 1 on two threads: the attention of each kv head is split over its query heads (3 tasks
+    of SmolLM2's 3 kv heads would leave one thread idle) and the qkv tasks write the new k/v. The step
+    equals the generic forward, and one thread's logits bit for bit."""
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        check_one_call_step(native_model, batches=(1,))
+        two, _ = _decode_steps(native_model, 6, slots=[4])
+        torch.set_num_threads(1)
+        one, _ = _decode_steps(native_model, 6, slots=[4])
+    finally:
+        torch.set_num_threads(saved)
+    assert torch.equal(two, one)
