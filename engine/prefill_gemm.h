@@ -212,6 +212,135 @@ inline void tile_rows(int mb, const float* w, int64_t ldw, const float* x, int64
   }
 }
 
+// ---- 2-8 activation rows (a batch of decoding sequences): weights expanded in registers, 512-bit ----
+// quant_matmul.h's small-batch path expands each block into 256-bit vectors and runs one weight row x
+// 5-8 activation rows of 256-bit FMAs (with a load each); here a block becomes 512-bit vectors of 16
+// weights (Wide<B>) and R weight rows x MB activation rows of 512-bit accumulators take them, so each
+// expansion and each load of x feeds twice the multiply-adds.
+
+// 16 bytes -> their low (h 0) or high (h 1) nibbles as 16 int32 lanes (weights 16 h .. 16 h + 15).
+inline __m512i nibble_lanes(const uint8_t* qs, int h) {
+  const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  return h == 0 ? _mm512_and_si512(q, _mm512_set1_epi32(0xf)) : _mm512_srli_epi32(q, 4);
+}
+
+// Wide<B>::expand(block, sink): sink(h, v), v the weights [16 h, 16 h + 16) of the block as gguf_blocks.h
+// computes them (the same fp32 values). ok: the formats that have it (blocks of 16 or 32 weights).
+template <class B> struct Wide { static constexpr bool ok = false; };
+template <> struct Wide<gguf::BlockQ4_0> {
+  static constexpr bool ok = true;
+  template <class Sink> static void expand(const uint8_t* b, Sink&& sink) {
+    const float d = gguf::half_to_float(b);
+    const __m512 dv = _mm512_set1_ps(d), off = _mm512_set1_ps(-8.f * d);
+    for (int h = 0; h < 2; ++h) sink(h, _mm512_fmadd_ps(_mm512_cvtepi32_ps(nibble_lanes(b + 2, h)), dv, off));
+  }
+};
+template <> struct Wide<gguf::BlockQ4_1> {
+  static constexpr bool ok = true;
+  template <class Sink> static void expand(const uint8_t* b, Sink&& sink) {
+    const __m512 dv = _mm512_set1_ps(gguf::half_to_float(b)), mv = _mm512_set1_ps(gguf::half_to_float(b + 2));
+    for (int h = 0; h < 2; ++h) sink(h, _mm512_fmadd_ps(_mm512_cvtepi32_ps(nibble_lanes(b + 4, h)), dv, mv));
+  }
+};
+template <> struct Wide<gguf::BlockQ8_0> {
+  static constexpr bool ok = true;
+  template <class Sink> static void expand(const uint8_t* b, Sink&& sink) {
+    const __m512 dv = _mm512_set1_ps(gguf::half_to_float(b));
+    for (int h = 0; h < 2; ++h)
+      sink(h, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * h)))), dv));
+  }
+};
+template <> struct Wide<gguf::BlockI8> {
+  static constexpr bool ok = true;
+  template <class Sink> static void expand(const uint8_t* b, Sink&& sink) {
+    sink(0, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)))));
+  }
+};
+
+// sums[m * R + r] = dot(x row m, weight row r) for R consecutive weight rows at w and MB rows of x.
+template <class B, int R, int MB>
+inline void wide_rows(const uint8_t* w, int64_t row_bytes, int64_t nblocks, const float* x, int64_t ldx, float* sums) {
+  constexpr int H = B::QK / 16;
+  __m512 acc[R][MB];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MB; ++m) acc[r][m] = _mm512_setzero_ps();
+  // every cache line of the same block >= 4 KB further on (the R rows are read in R interleaved streams)
+  const int64_t ahead = (4096 + R * row_bytes - 1) / (R * row_bytes) * (R * row_bytes);
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+    __m512 wv[R][H];
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* wb = w + r * row_bytes + blk * B::BYTES;
+      for (int line = 0; line < B::BYTES; line += 64) _mm_prefetch(reinterpret_cast<const char*>(wb + ahead + line), _MM_HINT_T0);
+      Wide<B>::expand(wb, [&](int h, __m512 v) { wv[r][h] = v; });
+    }
+    for (int h = 0; h < H; ++h)
+      for (int m = 0; m < MB; ++m) {
+        const __m512 xv = _mm512_loadu_ps(x + m * ldx + blk * B::QK + 16 * h);
+        for (int r = 0; r < R; ++r) acc[r][m] = _mm512_fmadd_ps(wv[r][h], xv, acc[r][m]);
+      }
+  }
+  if constexpr (MB >= 4) {  // 4 activation rows of one weight row reduced at a time
+    constexpr int kFours = MB / 4 * 4;
+    for (int r = 0; r < R; ++r) {
+      for (int m = 0; m < kFours; m += 4) {
+        alignas(16) float four[4];
+        _mm_store_ps(four, hsum4(acc[r][m], acc[r][m + 1], acc[r][m + 2], acc[r][m + 3]));
+        for (int i = 0; i < 4; ++i) sums[(m + i) * R + r] = four[i];
+      }
+      for (int m = kFours; m < MB; ++m) sums[m * R + r] = _mm512_reduce_add_ps(acc[r][m]);
+    }
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int m = 0; m < MB; ++m) sums[m * R + r] = _mm512_reduce_add_ps(acc[r][m]);
+  }
+}
+
+template <class B, int R, int MB>
+inline void wide_rows_times(const uint8_t* data, int64_t row_bytes, int64_t K, const float* row_scale,
+                            const float* bias, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n0,
+                            int64_t n1) {
+  const int64_t nblocks = K / B::QK;
+  float sums[R * MB];
+  auto store = [&](int64_t n, int r, int rows) {
+    const float scale = row_scale ? row_scale[n] : 1.f, b = bias ? bias[n] : 0.f;
+    for (int m = 0; m < MB; ++m) y[m * ldy + n] = sums[m * rows + r] * scale + b;
+  };
+  int64_t n = n0;
+  for (; n + R <= n1; n += R) {
+    wide_rows<B, R, MB>(data + n * row_bytes, row_bytes, nblocks, x, ldx, sums);
+    for (int r = 0; r < R; ++r) store(n + r, r, R);
+  }
+  for (; n < n1; ++n) {
+    wide_rows<B, 1, MB>(data + n * row_bytes, row_bytes, nblocks, x, ldx, sums);
+    store(n, 0, 1);
+  }
+}
+
+}  // namespace gemm
+
+// y[m, n] = (x[m, :] . W[n, :]) * row_scale[n] + bias[n] for rows n in [n0, n1) and 2 <= M <= 8 rows of
+// x, for the formats with gemm::Wide: 4 weight rows x M (M <= 4) or 2 x M (16 accumulators at most).
+template <class B>
+inline void wide_format(const uint8_t* data, int64_t row_bytes, int64_t K, const float* row_scale, const float* bias,
+                        const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  auto run = [&](auto r, auto mb) {
+    gemm::wide_rows_times<B, decltype(r)::value, decltype(mb)::value>(data, row_bytes, K, row_scale, bias, x, ldx, y,
+                                                                        ldy, n0, n1);
+  };
+  using std::integral_constant;
+  switch (M) {
+    case 2: return run(integral_constant<int, 4>{}, integral_constant<int, 2>{});
+    case 3: return run(integral_constant<int, 4>{}, integral_constant<int, 3>{});
+    case 4: return run(integral_constant<int, 4>{}, integral_constant<int, 4>{});
+    case 5: return run(integral_constant<int, 2>{}, integral_constant<int, 5>{});
+    case 6: return run(integral_constant<int, 2>{}, integral_constant<int, 6>{});
+    case 7: return run(integral_constant<int, 2>{}, integral_constant<int, 7>{});
+    default: return run(integral_constant<int, 2>{}, integral_constant<int, 8>{});
+  }
+}
+
+namespace gemm {
+
 // Weight rows [n0, n1) of the blocks at `data` expanded to fp32 rows of K into out [(n1 - n0), K].
 template <class B>
 inline void expand_rows(const uint8_t* data, int64_t row_bytes, int64_t K, int64_t n0, int64_t n1, float* out) {
@@ -352,16 +481,12 @@ inline void int8_weights(const uint8_t* data, int64_t row_bytes, int64_t K, cons
 // Pair<B>::dq(block, sink): sink(h, v) with v the 16 values d q of weights [16 h, 16 h + 16) (h = 0, 1;
 // the low nibbles are weights 0-15), exact in fp32; min(block): Q4_1's m.
 template <class B> struct Pair { static constexpr bool ok = false, has_min = false; };
-inline __m512i nibble_lanes(const uint8_t* qs, int h) {  // 16 bytes -> their low (h 0) or high (h 1) nibbles
-  const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
-  return h == 0 ? _mm512_and_si512(q, _mm512_set1_epi32(0xf)) : _mm512_srli_epi32(q, 4);
-}
 template <> struct Pair<gguf::BlockQ4_0> {
   static constexpr bool ok = true, has_min = false;
   template <class Sink> static void dq(const uint8_t* b, Sink&& sink) {
     const float d = gguf::half_to_float(b);
     const __m512 dv = _mm512_set1_ps(d), off = _mm512_set1_ps(-8.f * d);  // (q - 8) d exactly, one rounding
-    for (int h = 0; h < 2; ++h) sink(h, _mm512_fmadd_ps(_mm512_cvtepi32_ps(nibble_lanes(b + 2, h)), dv, off));
+    for (int h = 0; h < 2; ++h) sink(h, _mm512_fmadd_ps(_mm512_cvtepi32_ps(gemm::nibble_lanes(b + 2, h)), dv, off));
   }
   static float min(const uint8_t*) { return 0.f; }
 };
@@ -376,7 +501,7 @@ template <> struct Pair<gguf::BlockQ5_0> {
       const __m512i fifth = _mm512_and_si512(
           _mm512_slli_epi32(_mm512_srlv_epi32(qh, _mm512_add_epi32(lane, _mm512_set1_epi32(16 * h))), 4),
           _mm512_set1_epi32(0x10));
-      sink(h, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_or_si512(nibble_lanes(b + 6, h), fifth)), dv, off));
+      sink(h, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_or_si512(gemm::nibble_lanes(b + 6, h), fifth)), dv, off));
     }
   }
   static float min(const uint8_t*) { return 0.f; }
@@ -385,7 +510,7 @@ template <> struct Pair<gguf::BlockQ4_1> {
   static constexpr bool ok = true, has_min = true;
   template <class Sink> static void dq(const uint8_t* b, Sink&& sink) {
     const __m512 dv = _mm512_set1_ps(gguf::half_to_float(b));
-    for (int h = 0; h < 2; ++h) sink(h, _mm512_mul_ps(_mm512_cvtepi32_ps(nibble_lanes(b + 4, h)), dv));
+    for (int h = 0; h < 2; ++h) sink(h, _mm512_mul_ps(_mm512_cvtepi32_ps(gemm::nibble_lanes(b + 4, h)), dv));
   }
   static float min(const uint8_t* b) { return gguf::half_to_float(b + 2); }
 };

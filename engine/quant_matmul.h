@@ -143,6 +143,9 @@ inline void matvec(const QWeight& w, const float* x, int64_t M, int64_t ldx, flo
 #if defined(VOXLANE_GEMM)
     if (M >= kGemmMinRows)
       return gemm_format<B>(w.data, w.row_bytes, w.cols, w.row_scale, w.bias, x, M, ldx, y, ldy, n0, n1, pack, bf16x);
+    if constexpr (gemm::Wide<B>::ok) {  // 2-8 rows: 512-bit, weights expanded in registers (prefill_gemm.h)
+      if (M >= 2) return wide_format<B>(w.data, w.row_bytes, w.cols, w.row_scale, w.bias, x, M, ldx, y, ldy, n0, n1);
+    }
 #endif
     (void)pack;
     (void)bf16x;
