@@ -225,7 +225,8 @@ inline __m512i nibble_lanes(const uint8_t* qs, int h) {
 }
 
 // Wide<B>::expand(block, sink): sink(h, v), v the weights [16 h, 16 h + 16) of the block as gguf_blocks.h
-// computes them (the same fp32 values). ok: the formats that have it (blocks of 16 or 32 weights).
+// computes them (the same fp32 values). ok: the formats that have it (blocks of 16 or 32 weights; the
+// K-quants' blocks of 256 and fp32 rows keep quant_matmul.h's path).
 template <class B> struct Wide { static constexpr bool ok = false; };
 template <> struct Wide<gguf::BlockQ4_0> {
   static constexpr bool ok = true;
@@ -233,6 +234,21 @@ template <> struct Wide<gguf::BlockQ4_0> {
     const float d = gguf::half_to_float(b);
     const __m512 dv = _mm512_set1_ps(d), off = _mm512_set1_ps(-8.f * d);
     for (int h = 0; h < 2; ++h) sink(h, _mm512_fmadd_ps(_mm512_cvtepi32_ps(nibble_lanes(b + 2, h)), dv, off));
+  }
+};
+template <> struct Wide<gguf::BlockQ5_0> {
+  static constexpr bool ok = true;
+  template <class Sink> static void expand(const uint8_t* b, Sink&& sink) {
+    const float d = gguf::half_to_float(b);
+    const __m512 dv = _mm512_set1_ps(d), off = _mm512_set1_ps(-16.f * d);
+    const __m512i qh = _mm512_set1_epi32(static_cast<int>(gguf::load_u32(b + 2)));
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int h = 0; h < 2; ++h) {  // weight i's 5th bit is bit i of qh
+      const __m512i fifth = _mm512_and_si512(
+          _mm512_slli_epi32(_mm512_srlv_epi32(qh, _mm512_add_epi32(lane, _mm512_set1_epi32(16 * h))), 4),
+          _mm512_set1_epi32(0x10));
+      sink(h, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_or_si512(nibble_lanes(b + 6, h), fifth)), dv, off));
+    }
   }
 };
 template <> struct Wide<gguf::BlockQ4_1> {
@@ -478,32 +494,17 @@ inline void int8_weights(const uint8_t* data, int64_t row_bytes, int64_t K, cons
 // block of 32) is an fp32 product with the blocks' sums of the rounded activations (XPack::bsum).
 // (Exact fp32 activations took five products, x in three parts: no faster than the FMA GEMM here;
 // docs/engine.md.) Q8_0 (8-bit q: 19 bits), Q4_K and Q6_K are not exact as a pair: they keep fp32.
-// Pair<B>::dq(block, sink): sink(h, v) with v the 16 values d q of weights [16 h, 16 h + 16) (h = 0, 1;
-// the low nibbles are weights 0-15), exact in fp32; min(block): Q4_1's m.
+// Pair<B>::dq(block, sink): sink(h, v) with v the 16 values d q of weights [16 h, 16 h + 16) (h = 0, 1),
+// exact in fp32 (Q4_0, Q5_0: their weights, gemm::Wide); min(block): Q4_1's m.
 template <class B> struct Pair { static constexpr bool ok = false, has_min = false; };
 template <> struct Pair<gguf::BlockQ4_0> {
   static constexpr bool ok = true, has_min = false;
-  template <class Sink> static void dq(const uint8_t* b, Sink&& sink) {
-    const float d = gguf::half_to_float(b);
-    const __m512 dv = _mm512_set1_ps(d), off = _mm512_set1_ps(-8.f * d);  // (q - 8) d exactly, one rounding
-    for (int h = 0; h < 2; ++h) sink(h, _mm512_fmadd_ps(_mm512_cvtepi32_ps(gemm::nibble_lanes(b + 2, h)), dv, off));
-  }
+  template <class Sink> static void dq(const uint8_t* b, Sink&& sink) { gemm::Wide<gguf::BlockQ4_0>::expand(b, sink); }
   static float min(const uint8_t*) { return 0.f; }
 };
 template <> struct Pair<gguf::BlockQ5_0> {
   static constexpr bool ok = true, has_min = false;
-  template <class Sink> static void dq(const uint8_t* b, Sink&& sink) {
-    const float d = gguf::half_to_float(b);
-    const __m512 dv = _mm512_set1_ps(d), off = _mm512_set1_ps(-16.f * d);
-    const __m512i qh = _mm512_set1_epi32(static_cast<int>(gguf::load_u32(b + 2)));
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    for (int h = 0; h < 2; ++h) {  // weight i's 5th bit is bit i of qh
-      const __m512i fifth = _mm512_and_si512(
-          _mm512_slli_epi32(_mm512_srlv_epi32(qh, _mm512_add_epi32(lane, _mm512_set1_epi32(16 * h))), 4),
-          _mm512_set1_epi32(0x10));
-      sink(h, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_or_si512(gemm::nibble_lanes(b + 6, h), fifth)), dv, off));
-    }
-  }
+  template <class Sink> static void dq(const uint8_t* b, Sink&& sink) { gemm::Wide<gguf::BlockQ5_0>::expand(b, sink); }
   static float min(const uint8_t*) { return 0.f; }
 };
 template <> struct Pair<gguf::BlockQ4_1> {
