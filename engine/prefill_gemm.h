@@ -496,19 +496,24 @@ inline void int8_weights(const uint8_t* data, int64_t row_bytes, int64_t K, cons
 // docs/engine.md.) Q8_0 (8-bit q: 19 bits), Q4_K and Q6_K are not exact as a pair: they keep fp32.
 // Pair<B>::dq(block, sink): sink(h, v) with v the 16 values d q of weights [16 h, 16 h + 16) (h = 0, 1),
 // exact in fp32 (Q4_0, Q5_0: their weights, gemm::Wide); min(block): Q4_1's m.
-template <class B> struct Pair { static constexpr bool ok = false, has_min = false; };
+template <class B> struct Pair { static constexpr bool ok = false, has_min = false; static constexpr int nibbles_at = 0; };
 template <> struct Pair<gguf::BlockQ4_0> {
   static constexpr bool ok = true, has_min = false;
+  static constexpr int nibbles_at = 2;  // a 4-bit format: d q of the 16 q values as a table (pair_rows)
+  static float offset(float d) { return -8.f * d; }
   template <class Sink> static void dq(const uint8_t* b, Sink&& sink) { gemm::Wide<gguf::BlockQ4_0>::expand(b, sink); }
   static float min(const uint8_t*) { return 0.f; }
 };
 template <> struct Pair<gguf::BlockQ5_0> {
   static constexpr bool ok = true, has_min = false;
+  static constexpr int nibbles_at = 0;  // 5-bit: expanded weight by weight
   template <class Sink> static void dq(const uint8_t* b, Sink&& sink) { gemm::Wide<gguf::BlockQ5_0>::expand(b, sink); }
   static float min(const uint8_t*) { return 0.f; }
 };
 template <> struct Pair<gguf::BlockQ4_1> {
   static constexpr bool ok = true, has_min = true;
+  static constexpr int nibbles_at = 4;
+  static float offset(float) { return 0.f; }
   template <class Sink> static void dq(const uint8_t* b, Sink&& sink) {
     const __m512 dv = _mm512_set1_ps(gguf::half_to_float(b));
     for (int h = 0; h < 2; ++h) sink(h, _mm512_mul_ps(_mm512_cvtepi32_ps(gemm::nibble_lanes(b + 4, h)), dv));
@@ -528,11 +533,29 @@ inline void pair_rows(const uint8_t* data, int64_t row_bytes, int64_t K, int64_t
     if (Pair<B>::has_min) std::memset(mins + rows * nblocks, 0, (16 - rows) * nblocks * sizeof(float));
   }
   const __m512i top = _mm512_set1_epi32(~0xffff);
+  const __m512 q16 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* row = data + (p0 + r) * row_bytes;
     for (int64_t blk = 0; blk < nblocks; ++blk) {
       const uint8_t* b = row + blk * B::BYTES;
       uint16_t *h = hi + r * K + blk * B::QK, *l = lo + r * K + blk * B::QK;
+      if constexpr (Pair<B>::nibbles_at > 0) {
+        // 4-bit q: the block's 16 possible values d q (+ offset), split once, as a table [hi 0-15, lo 0-15]
+        // that the 32 nibbles index (vpermw): a third fewer instructions than splitting each weight
+        const float d = gguf::half_to_float(b);
+        const __m512 v = _mm512_fmadd_ps(q16, _mm512_set1_ps(d), _mm512_set1_ps(Pair<B>::offset(d)));
+        const __m512i hv = _mm512_and_si512(_mm512_castps_si512(v), top);
+        const __m512i table = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm512_cvtepi32_epi16(_mm512_srli_epi32(hv, 16))),
+            (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, _mm512_castsi512_ps(hv))), 1);
+        const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + Pair<B>::nibbles_at)));
+        const __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(q, _mm256_set1_epi16(0xf))),
+                                               _mm256_srli_epi16(q, 4), 1);  // weights 0-15: low nibbles
+        _mm512_storeu_si512(h, _mm512_permutexvar_epi16(idx, table));
+        _mm512_storeu_si512(l, _mm512_permutexvar_epi16(_mm512_or_si512(idx, _mm512_set1_epi16(16)), table));
+        if (Pair<B>::has_min) mins[r * nblocks + blk] = Pair<B>::min(b);
+        continue;
+      }
       Pair<B>::dq(b, [&](int g, __m512 v) {
         // truncation, not rounding, for hi: v - hi then has the sign of v and fits 8 bits as well
         const __m512i hv = _mm512_and_si512(_mm512_castps_si512(v), top);
