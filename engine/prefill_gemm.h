@@ -167,6 +167,34 @@ inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
+// r[i] row i of a 16 x 16 block of floats -> r[j] its column j.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: rows i, i + 1 interleaved by 32 bits
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  auto lo64 = [](__m512 a, __m512 b) { return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))); };
+  auto hi64 = [](__m512 a, __m512 b) { return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))); };
+  for (int g = 0; g < 4; ++g) {  // u[4 g + c]: 128-bit lane L holds column 4 L + c of rows 4 g .. 4 g + 3
+    const __m512* a = t + 4 * g;
+    u[4 * g + 0] = lo64(a[0], a[2]);
+    u[4 * g + 1] = hi64(a[0], a[2]);
+    u[4 * g + 2] = lo64(a[1], a[3]);
+    u[4 * g + 3] = hi64(a[1], a[3]);
+  }
+  for (int c = 0; c < 4; ++c) {  // column 4 L + c = lane L of u[c], u[4 + c], u[8 + c], u[12 + c]
+    const __m512 p01l = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 p01h = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512 p23l = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 p23h = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(3, 2, 3, 2));
+    r[c] = _mm512_shuffle_f32x4(p01l, p23l, _MM_SHUFFLE(2, 0, 2, 0));
+    r[4 + c] = _mm512_shuffle_f32x4(p01l, p23l, _MM_SHUFFLE(3, 1, 3, 1));
+    r[8 + c] = _mm512_shuffle_f32x4(p01h, p23h, _MM_SHUFFLE(2, 0, 2, 0));
+    r[12 + c] = _mm512_shuffle_f32x4(p01h, p23h, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+
 // sums[m * R + r] = dot(x row m, w row r) over K, for R weight rows (stride ldw) and MB rows of x.
 template <int R, int MB>
 inline void tile(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t K, float* sums) {
@@ -522,7 +550,7 @@ template <> struct Pair<gguf::BlockQ4_1> {
 };
 
 // Weight rows [p0, p0 + rows) (rows <= 16; the others zero) -> A tiles' rows [16][K] of hi and lo, and
-// (formats with a min) mins[16][K / 32].
+// (formats with a min) mins[K / 32][16] (a block's 16 rows side by side).
 template <class B>
 inline void pair_rows(const uint8_t* data, int64_t row_bytes, int64_t K, int64_t p0, int64_t rows, uint16_t* hi,
                       uint16_t* lo, float* mins) {
@@ -530,7 +558,7 @@ inline void pair_rows(const uint8_t* data, int64_t row_bytes, int64_t K, int64_t
   if (rows < 16) {
     std::memset(hi + rows * K, 0, (16 - rows) * K * sizeof(uint16_t));
     std::memset(lo + rows * K, 0, (16 - rows) * K * sizeof(uint16_t));
-    if (Pair<B>::has_min) std::memset(mins + rows * nblocks, 0, (16 - rows) * nblocks * sizeof(float));
+    if (Pair<B>::has_min) std::memset(mins, 0, 16 * nblocks * sizeof(float));
   }
   const __m512i top = _mm512_set1_epi32(~0xffff);
   const __m512 q16 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -553,7 +581,7 @@ inline void pair_rows(const uint8_t* data, int64_t row_bytes, int64_t K, int64_t
                                                _mm256_srli_epi16(q, 4), 1);  // weights 0-15: low nibbles
         _mm512_storeu_si512(h, _mm512_permutexvar_epi16(idx, table));
         _mm512_storeu_si512(l, _mm512_permutexvar_epi16(_mm512_or_si512(idx, _mm512_set1_epi16(16)), table));
-        if (Pair<B>::has_min) mins[r * nblocks + blk] = Pair<B>::min(b);
+        if (Pair<B>::has_min) mins[blk * 16 + r] = Pair<B>::min(b);
         continue;
       }
       Pair<B>::dq(b, [&](int g, __m512 v) {
@@ -563,7 +591,7 @@ inline void pair_rows(const uint8_t* data, int64_t row_bytes, int64_t K, int64_t
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(l + 16 * g),
                             (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, _mm512_castsi512_ps(hv))));
       });
-      if (Pair<B>::has_min) mins[r * nblocks + blk] = Pair<B>::min(b);
+      if (Pair<B>::has_min) mins[blk * 16 + r] = Pair<B>::min(b);
     }
   }
 }
@@ -619,19 +647,25 @@ inline void bf16x_panel(const uint16_t* ahi, const uint16_t* alo, const float* m
     _tile_stored(1, c[1], 64);
     _tile_stored(2, c[2], 64);
     _tile_stored(3, c[3], 64);
+    // C[weight row][activation row] -> y's rows: each block's 16 x 16 sums transposed in registers, then
+    // per activation row one masked store of its 16 outputs (+ Q4_1's mins . the row's block sums)
+    const __mmask16 out_rows = static_cast<__mmask16>((1u << rows) - 1);
+    const __m512 scale = row_scale ? _mm512_maskz_loadu_ps(out_rows, row_scale + p0) : _mm512_set1_ps(1.f);
+    const __m512 add = bias ? _mm512_maskz_loadu_ps(out_rows, bias + p0) : _mm512_setzero_ps();
     for (int b = 0; b < (two ? 2 : 1); ++b) {
       const int64_t m0 = (mb + b) * 16, m1 = std::min(x.M, m0 + 16);
-      for (int64_t r = 0; r < rows; ++r) {
-        __m512 v = _mm512_add_ps(_mm512_load_ps(c[b] + r * 16), _mm512_load_ps(c[2 + b] + r * 16));
-        if (!two) v = _mm512_add_ps(v, _mm512_add_ps(_mm512_load_ps(c[1] + r * 16), _mm512_load_ps(c[3] + r * 16)));
+      __m512 t[16];
+      for (int r = 0; r < 16; ++r) {
+        t[r] = _mm512_add_ps(_mm512_load_ps(c[b] + r * 16), _mm512_load_ps(c[2 + b] + r * 16));
+        if (!two) t[r] = _mm512_add_ps(t[r], _mm512_add_ps(_mm512_load_ps(c[1] + r * 16), _mm512_load_ps(c[3] + r * 16)));
+      }
+      gemm::transpose16(t);
+      for (int64_t m = m0; m < m1; ++m) {
+        __m512 v = t[m - m0];
         if (mins)
           for (int64_t blk = 0; blk < nblocks; ++blk)
-            v = _mm512_fmadd_ps(_mm512_set1_ps(mins[r * nblocks + blk]), _mm512_loadu_ps(x.bsum.data() + blk * Mp + m0), v);
-        alignas(64) float out[16];
-        _mm512_store_ps(out, v);
-        const int64_t n = p0 + r;
-        const float scale = row_scale ? row_scale[n] : 1.f, add = bias ? bias[n] : 0.f;
-        for (int64_t m = m0; m < m1; ++m) y[m * ldy + n] = out[m - m0] * scale + add;
+            v = _mm512_fmadd_ps(_mm512_set1_ps(x.bsum[blk * Mp + m]), _mm512_loadu_ps(mins + blk * 16), v);
+        _mm512_mask_storeu_ps(y + m * ldy + p0, out_rows, _mm512_fmadd_ps(v, scale, add));
       }
     }
   }
