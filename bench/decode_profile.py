@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--torch-profiler", action="store_true", help="torch's operator table of the steps")
     parser.add_argument("--int8-activations", action="store_true", help="EngineConfig.int8_activations (native)")
+    parser.add_argument("--bf16-activations", action="store_true", help="EngineConfig.bf16_activations (native)")
     parser.add_argument("--ab-int8-activations", action="store_true",
                         help="alternate fp32 / int8 activations on one decoder (quant native), --rounds rounds")
     parser.add_argument("--rounds", type=int, default=5)
@@ -50,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                  num_slots=max(args.batch, 1) + 1,
                                                                  max_batch_size=max(args.batch, 1),
                                                                  num_threads=args.threads,
-                                                                 int8_activations=args.int8_activations),
+                                                                 int8_activations=args.int8_activations,
+                                                                 bf16_activations=args.bf16_activations),
                             background=False)
     runner = engine.runner
     slots = list(range(args.batch))

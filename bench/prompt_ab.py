@@ -3,7 +3,8 @@ in one engine, alternating round by round: the TTFT of a 43-token prompt and the
 512-token one (``bench engine --peer llama.cpp``'s prompt rows, through the same ``OurEngine``).
 
 With AMX off the GEMM is the 512-bit FMA path, so for a format that only the AMX path changes the
-``fma`` arm is the code before it. Prints the 1-minute load average before and after.
+``fma`` arm is the code before it (with ``--bf16-activations``: the GGUF formats' bf16 tiles against
+fp32 activations). Prints the 1-minute load average before and after.
 
     python -m bench.prompt_ab [--model smollm2-135m-instruct] [--quant native] [--rounds 5] [--threads 2]
 """
@@ -23,6 +24,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--quant", default="native")
     parser.add_argument("--int8-activations", action="store_true")
+    parser.add_argument("--bf16-activations", action="store_true",
+                        help="EngineConfig.bf16_activations: the amx arm runs the GGUF formats' bf16 tiles")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--ttft-samples", type=int, default=5, help="43-token prompts per round (median)")
@@ -35,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("no AMX here (or no kernels): nothing to compare")
     ours = OurEngine(model_store.resolve(args.model, "llm"), args.quant,
                      BenchSettings(tokens=1, runs=args.rounds, batch=1, threads=args.threads),
-                     int8_activations=args.int8_activations)
+                     int8_activations=args.int8_activations, bf16_activations=args.bf16_activations)
     print(f"load before: {os.getloadavg()[0]:.2f}")
     arms = {"amx": True, "fma": False}
     ttft: dict[str, list[float]] = {a: [] for a in arms}

@@ -16,7 +16,7 @@ from engine.quant import quantize_int8
 
 def quality_report(model_dir, num_prompts: int = 5, num_tokens: int = 48) -> dict:
     """{"engine native GGUF": QualityReport dict (when the model has a GGUF), "engine native GGUF, int8
-    activations": ..., "engine int8": ...,
+    activations": ..., "engine native GGUF, bf16 activations": ..., "engine int8": ...,
     "engine int8, pure-torch path": ..., "quantize_dynamic int8": ...}
     on the fixed prompt set."""
     from transformers import AutoModelForCausalLM
@@ -33,9 +33,13 @@ def quality_report(model_dir, num_prompts: int = 5, num_tokens: int = 48) -> dic
         native = None
     if native is not None:
         report["engine native GGUF"] = asdict(compare(reference, native, prompts, num_tokens, stop))
-        if kernels is not None:  # the one-call step is where int8 activations run
+        if kernels is not None:  # the one-call step is where int8 and bf16 activations run
             native.int8_activations = True
             report["engine native GGUF, int8 activations"] = asdict(compare(reference, native, prompts, num_tokens,
+                                                                            stop))
+            native.int8_activations = False
+            native.bf16_activations = True  # the prompts' Q4_0/Q5_0/Q4_1 inputs in bf16 (where AMX runs)
+            report["engine native GGUF, bf16 activations"] = asdict(compare(reference, native, prompts, num_tokens,
                                                                             stop))
         del native  # None on a machine without them: the pure-torch row is then the engine's
     paths = ([("engine int8", kernels)] if kernels is not None else []) + [("engine int8, pure-torch path", None)]

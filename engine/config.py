@@ -24,6 +24,10 @@ class EngineConfig:
     # native only: the GGUF blocks' matmuls quantize each activation row to Q8 blocks of 32 and
     # multiply in integers, as llama.cpp does (engine/q8_matmul.h); false: fp32 activations
     int8_activations: bool = False
+    # native only: prompt chunks (16+ rows) round the inputs of Q4_0 / Q5_0 / Q4_1 matmuls to bf16 and
+    # multiply the file's weights exactly in AMX tiles (engine/prefill_gemm.h); other formats, decoding
+    # batches and machines without AMX keep fp32 activations
+    bf16_activations: bool = False
     max_batch_size: int = 8  # sequences decoded together in one step
     num_slots: int = 8  # KV-cache slots (running sequences + idle conversations kept warm)
     num_shared_prefixes: int = 4  # read-only cache rows for prompt starts shared by sessions (system prompts)
@@ -45,6 +49,12 @@ class EngineConfig:
             raise ValueError(f"int8_activations: must be true or false, got {self.int8_activations!r}")
         if self.int8_activations and self.quant != "native":  # with "auto" the model chooses them
             raise ValueError(f"int8_activations: needs quant 'native' (the GGUF's block formats), got {self.quant!r}")
+        if self.bf16_activations not in (True, False):
+            raise ValueError(f"bf16_activations: must be true or false, got {self.bf16_activations!r}")
+        if self.bf16_activations and self.quant != "native":
+            raise ValueError(f"bf16_activations: needs quant 'native' (the GGUF's block formats), got {self.quant!r}")
+        if self.bf16_activations and self.int8_activations:
+            raise ValueError("bf16_activations: not with int8_activations (one activation precision at a time)")
         if not 1 <= self.max_batch_size <= 256:
             raise ValueError(f"max_batch_size: must be in [1, 256], got {self.max_batch_size}")
         if not 1 <= self.num_slots <= 1024:

@@ -46,13 +46,14 @@ struct Linear {
   // y[m, n] = x[m] . W[n] (+ bias[n]) for rows n in [n0, n1) and every row m of x; with xq (x
   // as Q8 blocks), the segments of a GGUF block format use the integer path.
   // pack: x's bf16 tiles for the prefill GEMM's AMX path (one per worker, tagged by phase).
+  // bf16x: bf16 activations for the formats that have them (quant_matmul.h's matvec).
   void run(const float* x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
-           const Q8Rows* xq = nullptr, XPack* pack = nullptr) const {
+           const Q8Rows* xq = nullptr, XPack* pack = nullptr, bool bf16x = false) const {
     int64_t base = 0;
     for (const QWeight& w : parts) {
       const int64_t a = std::max(n0, base), b = std::min(n1, base + w.rows);
       if (a < b && xq && has_q8_path(w.format)) matvec_q8(w, *xq, M, y + base, ldy, a - base, b - base);
-      else if (a < b) matvec(w, x, M, cols, y + base, ldy, a - base, b - base, pack);
+      else if (a < b) matvec(w, x, M, cols, y + base, ldy, a - base, b - base, pack, bf16x);
       base += w.rows;
     }
     if (bias)
@@ -159,6 +160,12 @@ class NativeDecoder : public torch::CustomClassHolder {
   }
   bool int8_activations() const { return int8_activations_; }
 
+  // bf16 activations for the GGUF formats whose weights are exact in two bf16 tiles (Q4_0, Q5_0, Q4_1;
+  // prefill_gemm.h), from kBf16MinRows rows on (prompt chunks), where AMX runs; every other format and
+  // decoding batches stay fp32.
+  void set_bf16_activations(bool on) { bf16_activations_ = on; }
+  bool bf16_activations() const { return bf16_activations_; }
+
   // Profiling: CPU time summed over threads per phase kind (input norm, qkv, k/v write, attention,
   // o_proj, post norm, gate/up + SiLU, down, final norm, LM head), in ms, since the last reset.
   void set_profiling(bool on) {
@@ -183,6 +190,7 @@ class NativeDecoder : public torch::CustomClassHolder {
   StepPool pool_;
   bool profiling_ = false;
   bool int8_activations_ = false;
+  bool bf16_activations_ = false;
   std::array<std::atomic<int64_t>, 10> profile_ns_{};
 
   void keep(std::initializer_list<at::Tensor> tensors) { owned_.insert(owned_.end(), tensors); }
@@ -241,7 +249,7 @@ class StepWork : public PhasedWork {
   StepWork(NativeDecoder& m, int64_t T, const int64_t* positions, const int64_t* slots, const int64_t* logit_rows,
            int64_t n_logits, StepBuffers buffers, int threads)
       : m(m), T(T), positions(positions), slots(slots), logit_rows(logit_rows), n_logits(n_logits), buf(buffers),
-        Nqkv((m.H + 2 * m.Hkv) * m.d), scratch(threads), packs(threads), kv_in_qkv(T <= 8),
+        bf16x(m.bf16_activations_), Nqkv((m.H + 2 * m.Hkv) * m.d), scratch(threads), packs(threads), kv_in_qkv(T <= 8),
         qkv_rows(task_rows(Nqkv, kv_in_qkv ? std::lcm(kRows, m.d) : kRows, threads)), d_rows(task_rows(m.D, kRows, threads)),
         act_rows(task_rows(m.I, kActRows, threads)), head_rows(task_rows(m.head.rows, kHeadRows, threads)),
         head_tasks(threads > 1 && T * m.Hkv < 4 * threads ? m.H / m.Hkv : 1) {}
@@ -282,7 +290,8 @@ class StepWork : public PhasedWork {
         return;
       }
       const int64_t V = m.head.rows, v0 = task * head_rows;
-      return m.head.run(buf.h_logits, n_logits, buf.logits, V, v0, std::min(V, v0 + head_rows), q8(buf.logitq));
+      return m.head.run(buf.h_logits, n_logits, buf.logits, V, v0, std::min(V, v0 + head_rows), q8(buf.logitq), nullptr,
+                        bf16x);
     }
     const int64_t l = p / kPerLayer;
     const Layer& layer = m.layer_[l];
@@ -298,7 +307,7 @@ class StepWork : public PhasedWork {
         return;
       case 1: {
         const int64_t n0 = task * qkv_rows, n1 = std::min(Nqkv, n0 + qkv_rows);
-        layer.qkv.run(buf.h, T, buf.qkv, Nqkv, n0, n1, q8(buf.hq), pack(worker, p));
+        layer.qkv.run(buf.h, T, buf.qkv, Nqkv, n0, n1, q8(buf.hq), pack(worker, p), bf16x);
         if (kv_in_qkv) write_own_kv(args, n0, n1);
         return;
       }
@@ -311,7 +320,7 @@ class StepWork : public PhasedWork {
         return;
       }
       case 4: return layer.o.run(buf.attn, T, buf.delta, D, task * d_rows, std::min(D, (task + 1) * d_rows), q8(buf.attnq),
-                                 pack(worker, p));
+                                 pack(worker, p), bf16x);
       case 5:
         m.add_and_norm(buf.residual + r0 * D, buf.delta + r0 * D, layer.post_norm, buf.h + r0 * D, r1 - r0);
         if (buf.hq.q) quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hq.at_row(r0));
@@ -319,8 +328,8 @@ class StepWork : public PhasedWork {
       case 6: {  // gate rows i and up rows I + i by the same task: silu(gate) * up needs no other phase
         const int64_t a0 = task * act_rows, a1 = std::min(I, a0 + act_rows);
         const int64_t ld = gate_up_stride(I);
-        layer.gate_up.run(buf.h, T, buf.gate_up, ld, a0, a1, q8(buf.hq), pack(worker, p));
-        layer.gate_up.run(buf.h, T, buf.gate_up, ld, I + a0, I + a1, q8(buf.hq), pack(worker, p));
+        layer.gate_up.run(buf.h, T, buf.gate_up, ld, a0, a1, q8(buf.hq), pack(worker, p), bf16x);
+        layer.gate_up.run(buf.h, T, buf.gate_up, ld, I + a0, I + a1, q8(buf.hq), pack(worker, p), bf16x);
         for (int64_t b = 0; b < T; ++b) {
           const float *g = buf.gate_up + b * ld, *u = g + I;
           float* o = buf.act + b * I;
@@ -333,7 +342,7 @@ class StepWork : public PhasedWork {
         return;
       }
       default: return layer.down.run(buf.act, T, buf.delta, D, task * d_rows, std::min(D, (task + 1) * d_rows),
-                                     q8(buf.actq), pack(worker, p));
+                                     q8(buf.actq), pack(worker, p), bf16x);
     }
   }
 
@@ -397,6 +406,7 @@ class StepWork : public PhasedWork {
   const int64_t *positions, *slots, *logit_rows;
   const int64_t n_logits;
   const StepBuffers buf;
+  const bool bf16x;  // bf16 activations (NativeDecoder::set_bf16_activations)
   const int64_t Nqkv;
   std::vector<AttentionScratch> scratch;  // one per worker
   std::vector<XPack> packs;  // one per worker: the bf16 tiles of the input of the phase it last packed
@@ -479,6 +489,8 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("set_stall_fallback", &voxlane::NativeDecoder::set_stall_fallback)
       .def("set_int8_activations", &voxlane::NativeDecoder::set_int8_activations)
       .def("int8_activations", &voxlane::NativeDecoder::int8_activations)
+      .def("set_bf16_activations", &voxlane::NativeDecoder::set_bf16_activations)
+      .def("bf16_activations", &voxlane::NativeDecoder::bf16_activations)
       .def("set_profiling", &voxlane::NativeDecoder::set_profiling)
       .def("profile_ms", &voxlane::NativeDecoder::profile_ms);
 }

@@ -255,6 +255,9 @@ class Transformer(nn.Module):
         # The one-call step quantizes the inputs of GGUF-format weights to Q8 blocks (engine/q8_matmul.h);
         # the per-op and pure-torch paths keep fp32 activations whatever this says.
         self.int8_activations = False
+        # The one-call step rounds the inputs of Q4_0 / Q5_0 / Q4_1 weights to bf16 in prompt chunks (AMX
+        # tiles, engine/prefill_gemm.h); likewise only there.
+        self.bf16_activations = False
         self.set_rope_dtype(torch.float32)
 
     def set_rope_dtype(self, dtype: torch.dtype) -> None:

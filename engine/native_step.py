@@ -76,4 +76,5 @@ def build_decoder(model: Transformer, cache: KVCacheTensors):
     add(-1, "head", model.lm_head)
     decoder.add_linear(-1, "embed", *embedding_segment(model.embed), None)
     decoder.set_int8_activations(bool(model.int8_activations))
+    decoder.set_bf16_activations(bool(model.bf16_activations))
     return decoder

@@ -168,16 +168,22 @@ inline void matvec_format(const QWeight& w, const float* x, int64_t M, int64_t l
 // Any M: groups of 8 rows of x (each group re-reads the weights); a prompt chunk of more rows goes
 // through prefill_gemm.h's GEMM where the machine has AVX-512 (each weight expanded once per task).
 // `pack`: x's bf16 tiles for the AMX path (prefill_gemm.h's XPack), kept by the caller across calls with
-// the same x; null: packed per call.
+// the same x; null: packed per call. `bf16x` (EngineConfig.bf16_activations): from kBf16MinRows rows on
+// (prompt chunks) the formats that have the bf16-activation tiles (bf16x_tiles) multiply x rounded to
+// bf16 there; fewer rows (decoding batches) keep fp32 activations.
 inline void matvec(const QWeight& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, int64_t n0,
-                   int64_t n1, XPack* pack = nullptr) {
+                   int64_t n1, XPack* pack = nullptr, bool bf16x = false) {
   gguf::with_format(w.format, [&](auto block) {
     using B = decltype(block);
 #if defined(VOXLANE_GEMM)
     if (M >= kGemmMinRows)
-      return gemm_format<B>(w.data, w.row_bytes, w.cols, w.row_scale, w.bias, x, M, ldx, y, ldy, n0, n1, pack);
+      return gemm_format<B>(w.data, w.row_bytes, w.cols, w.row_scale, w.bias, x, M, ldx, y, ldy, n0, n1, pack, bf16x);
+    if constexpr (gemm::Wide<B>::ok) {  // 2-8 rows: 512-bit, weights expanded in registers (prefill_gemm.h)
+      if (M >= 2) return wide_format<B>(w.data, w.row_bytes, w.cols, w.row_scale, w.bias, x, M, ldx, y, ldy, n0, n1);
+    }
 #endif
     (void)pack;
+    (void)bf16x;
     for (int64_t m = 0; m < M; m += 8)
       matvec_format<B>(w, x + m * ldx, M - m < 8 ? M - m : 8, ldx, y + m * ldy, ldy, n0, n1);
   });

@@ -1,6 +1,8 @@
 // torch.ops.voxlane ops over weights kept in their file's block format (engine/gguf_blocks.h):
 //   quant_linear(x [M, K] f32, w uint8 [N, row_bytes], format, K, row_scale?, bias?) -> [M, N] f32
 //   quant_linear_q8(x, w, format, K, bias?) -> [M, N] f32   x quantized to Q8 blocks first (q8_matmul.h)
+//   quant_linear_bf16x(x, w, format, K, row_scale?, bias?)   bf16 activations where the format has them
+//                                                            (prefill_gemm.h; bf16_activation_tiles(format))
 //   quant_dequantize(w, format, K) -> [N, K] f32          (tests; the readable twin is in Python)
 //   quant_embedding(w, format, K, ids [n] int64) -> [n, K] f32
 // Registered next to the decode kernels of kernels.cpp (same library, built together).
@@ -41,8 +43,8 @@ QWeight qweight_of(const at::Tensor& w, int64_t format, int64_t cols, const c10:
   return q;
 }
 
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t format, int64_t cols,
-                        const c10::optional<at::Tensor>& row_scale, const c10::optional<at::Tensor>& bias) {
+at::Tensor linear_of(const at::Tensor& x, const at::Tensor& w, int64_t format, int64_t cols,
+                     const c10::optional<at::Tensor>& row_scale, const c10::optional<at::Tensor>& bias, bool bf16x) {
   const QWeight q = qweight_of(w, format, cols, row_scale, bias);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) == cols,
               "x: contiguous float32 [M, ", cols, "]");
@@ -52,9 +54,27 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t format
   float* yp = y.data_ptr<float>();
   constexpr int64_t kRowsPerTask = 16;  // a multiple of every row-group size of quant_matmul.h
   at::parallel_for(0, (N + kRowsPerTask - 1) / kRowsPerTask, 1, [&](int64_t t0, int64_t t1) {
-    matvec(q, xp, M, cols, yp, N, t0 * kRowsPerTask, std::min(N, t1 * kRowsPerTask));
+    matvec(q, xp, M, cols, yp, N, t0 * kRowsPerTask, std::min(N, t1 * kRowsPerTask), nullptr, bf16x);
   });
   return y;
+}
+
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t format, int64_t cols,
+                        const c10::optional<at::Tensor>& row_scale, const c10::optional<at::Tensor>& bias) {
+  return linear_of(x, w, format, cols, row_scale, bias, false);
+}
+
+// With bf16 activations (EngineConfig.bf16_activations): the one-call step's matmul when they are on.
+at::Tensor quant_linear_bf16x(const at::Tensor& x, const at::Tensor& w, int64_t format, int64_t cols,
+                              const c10::optional<at::Tensor>& row_scale, const c10::optional<at::Tensor>& bias) {
+  return linear_of(x, w, format, cols, row_scale, bias, true);
+}
+
+// Whether format's rows take bf16 activations in AMX tiles here (quant_matmul.h's matvec, 2+ rows).
+bool bf16_activation_tiles(int64_t format) {
+  bool tiles = false;
+  gguf::with_format(format, [&](auto block) { tiles = bf16x_tiles<decltype(block)>(); });
+  return tiles;
 }
 
 at::Tensor quant_linear_q8(const at::Tensor& x, const at::Tensor& w, int64_t format, int64_t cols,
@@ -115,6 +135,8 @@ at::Tensor quant_embedding(const at::Tensor& w, int64_t format, int64_t cols, co
 TORCH_LIBRARY_FRAGMENT(voxlane, m) {
   m.def("quant_linear(Tensor x, Tensor w, int format, int cols, Tensor? row_scale, Tensor? bias) -> Tensor");
   m.def("quant_linear_q8(Tensor x, Tensor w, int format, int cols, Tensor? bias) -> Tensor");
+  m.def("quant_linear_bf16x(Tensor x, Tensor w, int format, int cols, Tensor? row_scale, Tensor? bias) -> Tensor");
+  m.def("bf16_activation_tiles(int format) -> bool", &voxlane::bf16_activation_tiles);
   m.def("quant_dequantize(Tensor w, int format, int cols) -> Tensor");
   m.def("set_prefill_amx(bool allowed) -> bool", &voxlane::set_prefill_amx);  // no tensor: not per device
   m.def("quant_embedding(Tensor w, int format, int cols, Tensor? row_scale, Tensor ids) -> Tensor");
@@ -123,6 +145,7 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
 TORCH_LIBRARY_IMPL(voxlane, CPU, m) {
   m.impl("quant_linear", &voxlane::quant_linear);
   m.impl("quant_linear_q8", &voxlane::quant_linear_q8);
+  m.impl("quant_linear_bf16x", &voxlane::quant_linear_bf16x);
   m.impl("quant_dequantize", &voxlane::quant_dequantize);
   m.impl("quant_embedding", &voxlane::quant_embedding);
 }

@@ -1,7 +1,8 @@
 """The prompt path's matrix product (engine/prefill_gemm.h, used by ``quant_linear`` and the one-call
 step for chunks of 9+ rows): each weight format against its pure-torch dequantize-then-matmul twin on
-real tensors of the packaged files, at 1, 3 and 8 rows (the small-batch path) and 43 and 300 rows
-(the GEMM), and the one-call step's prefill of a long chunk against the same prompt in 8-row chunks."""
+real tensors of the packaged files, at 1 row (the GEMV), 2, 3, 5, 7 and 8 rows (the small-batch paths:
+prefill_gemm.h's 512-bit wide_format where the format has it) and 43 and 300 rows (the GEMM), and
+the one-call step's prefill of a long chunk against the same prompt in 8-row chunks."""
 from __future__ import annotations
 
 import pytest
@@ -16,7 +17,7 @@ from engine.quant import quantize_int8, quantize_per_channel
 from engine.runner import ModelRunner
 from tests.engine.test_native_weights import ops, qwen_tensors, smollm2_tensors  # noqa: F401 (fixtures)
 
-ROWS = (1, 3, 8, 43, 300)
+ROWS = (1, 2, 3, 5, 7, 8, 43, 300)
 
 
 @pytest.fixture(params=["amx", "fma"])
