@@ -29,6 +29,7 @@ from app.commands.converse import add_model_arguments, app_config, load_models, 
 from app.scripted_user import InputAudio, ScriptedUser
 from bench.latency import summary
 from bench.turn_set import SETS, TurnItem, load_turn_set
+from pipeline.audio import PIPELINE_RATE
 from pipeline.frames import SpeechEnded
 from pipeline.persona.persona import Persona
 
@@ -75,7 +76,7 @@ def run_item(models, persona: Persona, config, item: TurnItem, session: str, pip
     # item that waited reports one turn, the resumed utterance, with the signals of its last pause)
     first = result.turns[0].waterfall.get("counts", {}) if result.turns else {}
     signals = {name: first.get(name) for name in ("p_audio", "p_text", "words_logprob", "last_word")}
-    pause_ms = round(1000 * (item.pause_end - item.pause_start) / 16000) if not item.is_complete else None
+    pause_ms = round(1000 * (item.pause_end - item.pause_start) / PIPELINE_RATE) if not item.is_complete else None
     return {"item": item.name, "voice": item.voice, "complete": item.is_complete, "noisy": item.is_noisy,
             "pause_ms": pause_ms,
             "turns": len(result.turns), "false_cut": cut, "missed_end": missed, "late_verdict": late,
