@@ -290,8 +290,8 @@ class StepWork : public PhasedWork {
         return;
       }
       const int64_t V = m.head.rows, v0 = task * head_rows;
-      return m.head.run(buf.h_logits, n_logits, buf.logits, V, v0, std::min(V, v0 + head_rows), q8(buf.logitq), nullptr,
-                        bf16x);
+      return m.head.run(buf.h_logits, n_logits, buf.logits, V, v0, std::min(V, v0 + head_rows), q8(buf.logitq),
+                        pack(worker, p), bf16x);
     }
     const int64_t l = p / kPerLayer;
     const Layer& layer = m.layer_[l];
