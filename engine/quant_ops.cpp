@@ -64,13 +64,15 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t format
   return linear_of(x, w, format, cols, row_scale, bias, false);
 }
 
-// With bf16 activations (EngineConfig.bf16_activations): the one-call step's matmul when they are on.
+// quant_linear with bf16 activations (EngineConfig.bf16_activations): what the one-call step's matmuls do
+// when they are on, as one op for the tests.
 at::Tensor quant_linear_bf16x(const at::Tensor& x, const at::Tensor& w, int64_t format, int64_t cols,
                               const c10::optional<at::Tensor>& row_scale, const c10::optional<at::Tensor>& bias) {
   return linear_of(x, w, format, cols, row_scale, bias, true);
 }
 
-// Whether format's rows take bf16 activations in AMX tiles here (quant_matmul.h's matvec, 2+ rows).
+// Whether format's rows take bf16 activations in AMX tiles here (quant_matmul.h's matvec, from
+// kBf16MinRows rows).
 bool bf16_activation_tiles(int64_t format) {
   bool tiles = false;
   gguf::with_format(format, [&](auto block) { tiles = bf16x_tiles<decltype(block)>(); });
