@@ -34,12 +34,6 @@
 
 namespace voxlane::gemv512 {
 
-// How far ahead (bytes) to prefetch a group of rows: as quant_matmul.h's prefetch_distance.
-inline int64_t ahead_of(int64_t group_bytes) {
-  constexpr int64_t kAhead = 4096;
-  return (kAhead + group_bytes - 1) / group_bytes * group_bytes;
-}
-
 // A block format's 32 weights as d * v_i (+ m): where d (and m) sit, and its values v as two
 // vectors of 16 floats (weights 0-15 and 16-31 of the block). kHas false: no 512-bit path.
 template <class B> struct Values {
@@ -141,7 +135,7 @@ inline void dot_rows(const uint8_t* w, int64_t row_bytes, int64_t nblocks, const
         acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, m + r * nblocks + b), _mm512_maskz_loadu_ps(k, xsum + b), acc[r]);
       }
   }
-  const int64_t ahead = ahead_of(R * row_bytes);
+  const int64_t ahead = prefetch_distance(R * row_bytes);
   for (int64_t b = 0; b < nblocks; ++b) {
     const float* xb = x + b * 32;
     const __m512 xl = _mm512_loadu_ps(xb), xh = _mm512_loadu_ps(xb + 16);
@@ -163,7 +157,7 @@ template <int R>
 inline void dot_rows_i8(const uint8_t* w, int64_t row_bytes, int64_t K, const float* x, float* sums) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  const int64_t ahead = ahead_of(R * row_bytes);
+  const int64_t ahead = prefetch_distance(R * row_bytes);
   for (int64_t k = 0; k < K; k += 16) {  // K is a multiple of 16 (BlockI8::QK)
     const __m512 xv = _mm512_loadu_ps(x + k);
     for (int r = 0; r < R; ++r) {

@@ -296,3 +296,19 @@ template <class F> inline bool with_format(int64_t format, F&& f) {
 }
 
 }  // namespace voxlane::gguf
+
+namespace voxlane {
+
+// How far ahead (bytes) the kernels prefetch the weights: the same block of the row group at least
+// 4 KB further on, every cache line of it. The R rows of a group are contiguous, and each row is a
+// few hundred bytes to a few KB read in R interleaved streams, too short for the hardware
+// prefetcher to get ahead within one. Measured on Qwen2.5-0.5B's matrices (1 thread, batch 1, int8
+// activations): the next group's first line per block (the old way) streamed 374 MB in ~126 ms,
+// every line >= 4 KB ahead in ~86-96 ms (load ~7; K-quant blocks span 3-4 lines, of which only
+// the first was fetched).
+inline int64_t prefetch_distance(int64_t group_bytes) {
+  constexpr int64_t kAhead = 4096;
+  return (kAhead + group_bytes - 1) / group_bytes * group_bytes;
+}
+
+}  // namespace voxlane

@@ -308,8 +308,7 @@ inline void wide_rows(const uint8_t* w, int64_t row_bytes, int64_t nblocks, cons
   __m512 acc[R][MB];
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < MB; ++m) acc[r][m] = _mm512_setzero_ps();
-  // every cache line of the same block >= 4 KB further on (the R rows are read in R interleaved streams)
-  const int64_t ahead = (4096 + R * row_bytes - 1) / (R * row_bytes) * (R * row_bytes);
+  const int64_t ahead = prefetch_distance(R * row_bytes);  // gguf_blocks.h
   for (int64_t blk = 0; blk < nblocks; ++blk) {
     __m512 wv[R][H];
     for (int r = 0; r < R; ++r) {
@@ -338,52 +337,6 @@ inline void wide_rows(const uint8_t* w, int64_t row_bytes, int64_t nblocks, cons
       for (int m = 0; m < MB; ++m) sums[m * R + r] = _mm512_reduce_add_ps(acc[r][m]);
   }
 }
-
-template <class B, int R, int MB>
-inline void wide_rows_times(const uint8_t* data, int64_t row_bytes, int64_t K, const float* row_scale,
-                            const float* bias, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n0,
-                            int64_t n1) {
-  const int64_t nblocks = K / B::QK;
-  float sums[R * MB];
-  auto store = [&](int64_t n, int r, int rows) {
-    const float scale = row_scale ? row_scale[n] : 1.f, b = bias ? bias[n] : 0.f;
-    for (int m = 0; m < MB; ++m) y[m * ldy + n] = sums[m * rows + r] * scale + b;
-  };
-  int64_t n = n0;
-  for (; n + R <= n1; n += R) {
-    wide_rows<B, R, MB>(data + n * row_bytes, row_bytes, nblocks, x, ldx, sums);
-    for (int r = 0; r < R; ++r) store(n + r, r, R);
-  }
-  for (; n < n1; ++n) {
-    wide_rows<B, 1, MB>(data + n * row_bytes, row_bytes, nblocks, x, ldx, sums);
-    store(n, 0, 1);
-  }
-}
-
-}  // namespace gemm
-
-// y[m, n] = (x[m, :] . W[n, :]) * row_scale[n] + bias[n] for rows n in [n0, n1) and 2 <= M <= 8 rows of
-// x, for the formats with gemm::Wide: 4 weight rows x M (M <= 4) or 2 x M (16 accumulators at most).
-template <class B>
-inline void wide_format(const uint8_t* data, int64_t row_bytes, int64_t K, const float* row_scale, const float* bias,
-                        const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1) {
-  auto run = [&](auto r, auto mb) {
-    gemm::wide_rows_times<B, decltype(r)::value, decltype(mb)::value>(data, row_bytes, K, row_scale, bias, x, ldx, y,
-                                                                        ldy, n0, n1);
-  };
-  using std::integral_constant;
-  switch (M) {
-    case 2: return run(integral_constant<int, 4>{}, integral_constant<int, 2>{});
-    case 3: return run(integral_constant<int, 4>{}, integral_constant<int, 3>{});
-    case 4: return run(integral_constant<int, 4>{}, integral_constant<int, 4>{});
-    case 5: return run(integral_constant<int, 2>{}, integral_constant<int, 5>{});
-    case 6: return run(integral_constant<int, 2>{}, integral_constant<int, 6>{});
-    case 7: return run(integral_constant<int, 2>{}, integral_constant<int, 7>{});
-    default: return run(integral_constant<int, 2>{}, integral_constant<int, 8>{});
-  }
-}
-
-namespace gemm {
 
 // Weight rows [n0, n1) of the blocks at `data` expanded to fp32 rows of K into out [(n1 - n0), K].
 template <class B>
@@ -699,6 +652,11 @@ inline void bf16x_weights(const uint8_t* data, int64_t row_bytes, int64_t K, con
 }  // namespace amx
 #endif
 
+#if defined(VOXLANE_AMX)
+// Whether the prompt GEMM may use the tiles: AMX allowed (set_prefill_amx) and usable on this machine.
+inline bool amx_runs() { return amx_allowed().load(std::memory_order_relaxed) && amx::enabled(); }
+#endif
+
 // y[m, n] = (x[m, :] . W[n, :]) * row_scale[n] + bias[n] for rows n in [n0, n1) and all M rows of
 // x (row stride ldx; y's ldy). Single-threaded: callers split [0, N) among threads.
 //
@@ -713,10 +671,10 @@ inline void gemm_format(const uint8_t* data, int64_t row_bytes, int64_t K, const
   thread_local std::vector<float> expanded;
 #if defined(VOXLANE_AMX)
   if constexpr (std::is_same_v<B, gguf::BlockI8>) {
-    if (amx_allowed().load(std::memory_order_relaxed) && amx::enabled())
+    if (amx_runs())
       return amx::int8_weights(data, row_bytes, K, row_scale, bias, x, M, ldx, y, ldy, n0, n1, pack);
   } else if constexpr (amx::Pair<B>::ok) {
-    if (bf16x && M >= kBf16MinRows && amx_allowed().load(std::memory_order_relaxed) && amx::enabled())
+    if (bf16x && M >= kBf16MinRows && amx_runs())
       return amx::bf16x_weights<B>(data, row_bytes, K, row_scale, bias, x, M, ldx, y, ldy, n0, n1, pack);
   }
 #endif
@@ -762,7 +720,7 @@ inline void gemm_format(const uint8_t* data, int64_t row_bytes, int64_t K, const
 template <class B>
 inline bool bf16x_tiles() {
 #if defined(VOXLANE_AMX)
-  if constexpr (amx::Pair<B>::ok) return amx_allowed().load(std::memory_order_relaxed) && amx::enabled();
+  if constexpr (amx::Pair<B>::ok) return amx_runs();
 #endif
   return false;
 }

@@ -36,18 +36,6 @@ inline float hsum(__m256 v) {
 }
 #endif
 
-// How far ahead (bytes) the kernels prefetch the weights: the same block of the row group at least
-// 4 KB further on, every cache line of it. The R rows of a group are contiguous, and each row is a
-// few hundred bytes to a few KB read in R interleaved streams, too short for the hardware
-// prefetcher to get ahead within one. Measured on Qwen2.5-0.5B's matrices (1 thread, batch 1, int8
-// activations): the next group's first line per block (the old way) streamed 374 MB in ~126 ms,
-// every line >= 4 KB ahead in ~86-96 ms (load ~7; K-quant blocks span 3-4 lines, of which only
-// the first was fetched).
-inline int64_t prefetch_distance(int64_t group_bytes) {
-  constexpr int64_t kAhead = 4096;
-  return (kAhead + group_bytes - 1) / group_bytes * group_bytes;
-}
-
 // sums[m * R + r] = dot(x row m, weight row r) for R consecutive weight rows starting at w.
 template <class B, int R, int MB>
 inline void dot_rows(const uint8_t* w, int64_t row_bytes, int64_t nblocks, const float* x, int64_t ldx,
@@ -115,6 +103,32 @@ inline void rows_times(const QWeight& w, const float* x, int64_t ldx, float* y, 
   });
 }
 
+#if defined(VOXLANE_GEMM)
+// 2 <= M <= 8 rows of x for the formats with gemm::Wide (prefill_gemm.h's wide_rows: weights expanded
+// in 512-bit registers): 4 weight rows x M (M <= 4) or 2 x M (16 accumulators at most).
+template <class B, int R, int MB>
+inline void wide_times(const QWeight& w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  const int64_t nblocks = w.cols / B::QK;
+  row_groups<R, MB>(w, y, ldy, n0, n1, [&](auto rows, const uint8_t* p, float* sums) {
+    gemm::wide_rows<B, decltype(rows)::value, MB>(p, w.row_bytes, nblocks, x, ldx, sums);
+  });
+}
+
+template <class B>
+inline void wide_matvec(const QWeight& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, int64_t n0,
+                        int64_t n1) {
+  switch (M) {
+    case 2: return wide_times<B, 4, 2>(w, x, ldx, y, ldy, n0, n1);
+    case 3: return wide_times<B, 4, 3>(w, x, ldx, y, ldy, n0, n1);
+    case 4: return wide_times<B, 4, 4>(w, x, ldx, y, ldy, n0, n1);
+    case 5: return wide_times<B, 2, 5>(w, x, ldx, y, ldy, n0, n1);
+    case 6: return wide_times<B, 2, 6>(w, x, ldx, y, ldy, n0, n1);
+    case 7: return wide_times<B, 2, 7>(w, x, ldx, y, ldy, n0, n1);
+    default: return wide_times<B, 2, 8>(w, x, ldx, y, ldy, n0, n1);
+  }
+}
+#endif
+
 // One activation row with gemv512.h's 512-bit kernels (formats where gemv512::has<B>()).
 template <class B>
 inline void rows_times_512(const QWeight& w, const float* x, float* y, int64_t n0, int64_t n1) {
@@ -179,7 +193,7 @@ inline void matvec(const QWeight& w, const float* x, int64_t M, int64_t ldx, flo
     if (M >= kGemmMinRows)
       return gemm_format<B>(w.data, w.row_bytes, w.cols, w.row_scale, w.bias, x, M, ldx, y, ldy, n0, n1, pack, bf16x);
     if constexpr (gemm::Wide<B>::ok) {  // 2-8 rows: 512-bit, weights expanded in registers (prefill_gemm.h)
-      if (M >= 2) return wide_format<B>(w.data, w.row_bytes, w.cols, w.row_scale, w.bias, x, M, ldx, y, ldy, n0, n1);
+      if (M >= 2) return wide_matvec<B>(w, x, M, ldx, y, ldy, n0, n1);
     }
 #endif
     (void)pack;

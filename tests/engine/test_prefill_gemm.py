@@ -1,7 +1,7 @@
 """The prompt path's matrix product (engine/prefill_gemm.h, used by ``quant_linear`` and the one-call
 step for chunks of 9+ rows): each weight format against its pure-torch dequantize-then-matmul twin on
 real tensors of the packaged files, at 1 row (the GEMV), 2, 3, 5, 7 and 8 rows (the small-batch paths:
-prefill_gemm.h's 512-bit wide_format where the format has it) and 43 and 300 rows (the GEMM), and
+prefill_gemm.h's 512-bit wide_rows where the format has it) and 43 and 300 rows (the GEMM), and
 the one-call step's prefill of a long chunk against the same prompt in 8-row chunks."""
 from __future__ import annotations
 
