@@ -192,10 +192,6 @@ class LLMEngine:
         that synthesis has the CPU. A request submitted with ``hold_after`` is released the same way."""
         self.inbox.put_hold(request_id, held)
 
-    def release(self, request_id: int) -> None:
-        """A held request is decoded on from the next step."""
-        self.hold(request_id, False)
-
     def generate(self, prompt: Prompt, sampling: SamplingParams | None = None, session: str | None = None) -> str:
         """Blocking convenience: the whole answer (steps itself when there is no background thread)."""
         stream = self.submit(prompt, sampling, session)

@@ -88,8 +88,8 @@ class ASRStage(Stage):
         self._voiced_end = 0  # _num_samples at the end of the last voiced frame
         self._buffered = 0  # samples in the buffer Whisper reads (long silences are not kept)
         self._buffered_voiced_end = 0  # _buffered at the end of the last voiced frame
-        self._partial: tuple[int, str, float | None, ASRResult] | None = None
-        # (_num_samples it covered, text, confidence, the read: its last word is timed if it becomes the final)
+        self._partial: tuple[int, ASRResult] | None = None
+        # (_num_samples it covered, the read: its last word is timed if it becomes the final)
 
     def before_purge(self, interrupt: Interrupt, queued) -> None:
         if interrupt.reason == "resume":
@@ -163,8 +163,7 @@ class ASRStage(Stage):
         self._last_partial_at = self._num_samples
         result = self.transcriber.transcribe(self._buffer(), self.language(), is_partial=not is_final_read,
                                              with_last_word=is_final_read)
-        confidence = min((seg.avg_logprob for seg in result.segments), default=None)
-        self._partial = (self._num_samples, result.text, confidence, result) if result.text else None
+        self._partial = (self._num_samples, result) if result.text else None
         if result.text and not self.is_stale(gen):
             yield Transcript(gen=gen, text=join_words(self._head_text, result.text), is_final=False,
                              is_at_silence=is_final_read)
@@ -172,13 +171,13 @@ class ASRStage(Stage):
     def _final(self, gen: int, is_end: bool) -> Iterable[Frame]:
         if self._is_read_to_the_end():
             # The last partial read every voiced frame of this buffer: its words are the final's.
-            _, text, confidence, result = self._partial
+            result = self._partial[1]
             self.book.set(gen, "asr_final_reused", 1)
         else:
             result = self.transcriber.transcribe(self._buffer(), self.language(), with_last_word=True)
-            text, confidence = result.text, min((seg.avg_logprob for seg in result.segments), default=None)
             if result.dropped:
                 log.info("ASR dropped: %s", "; ".join(result.dropped))
+        text, confidence = result.text, min((seg.avg_logprob for seg in result.segments), default=None)
         voiced_end = self._buffered_voiced_end  # of the buffer that read (the stage goes on after the final)
         if self.config.is_last_word_timed_first:  # as before: the final waits for the alignment (A/Bs)
             last_word = self._last_word(result, voiced_end)

@@ -6,7 +6,7 @@ frame by frame, how much silence ends the turn (``end_silence_ms``). The LLM sta
 signal once ASR's final is in (``add_text``): usually before the judging pause, since the answer
 starts earlier; it is kept for that pause of the same turn. The ASR stage adds the final's last word
 against the voice (``add_last_word``) once it has timed it, after sending the final (the answer does
-not wait for that alignment pass); the verdict waits for it until ``last_word_deadline_ms`` of
+not wait for that alignment pass); the verdict waits for it until ``LAST_WORD_DEADLINE_MS`` of
 silence (``on_silence``, from the VAD stage), then decides without it. When the last expected
 signal arrives, ``wake(gen)`` asks the VAD stage to apply the verdict at once rather than at its
 next audio frame.
@@ -35,12 +35,11 @@ class Endpointer:
     final's last word (``add_last_word``)."""
 
     def __init__(self, scorer: AudioTurnScorer | None, can_probe_text: bool, wake: Callable[[int], None],
-                 times_last_word: bool = False, last_word_deadline_ms: int = LAST_WORD_DEADLINE_MS):
+                 times_last_word: bool = False):
         self.scorer = scorer
         self.can_probe_text = can_probe_text
         self.wake = wake
         self.times_last_word = times_last_word
-        self.last_word_deadline_ms = last_word_deadline_ms
         self._lock = threading.Lock()
         self._signals: PauseSignals | None = None
         self._endpointing = Endpointing()
@@ -104,10 +103,10 @@ class Endpointer:
 
     def on_silence(self, gen: int, silent_ms: int) -> bool:
         """The silence in turn ``gen`` so far (the VAD stage, each silent frame). Past
-        ``last_word_deadline_ms`` the verdict stops waiting for the last word. Returns whether that
+        ``LAST_WORD_DEADLINE_MS`` the verdict stops waiting for the last word. Returns whether that
         made the verdict (the caller applies it at once). (``_update`` skips a pause that is over or
         decided, ``miss_last_word`` one whose word came or is not expected.)"""
-        if silent_ms < self.last_word_deadline_ms:
+        if silent_ms < LAST_WORD_DEADLINE_MS:
             return False
         return self._update(gen, PauseSignals.miss_last_word, wake=False)
 

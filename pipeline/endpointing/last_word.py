@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.audio import PIPELINE_RATE
+
 
 @dataclass(frozen=True)
 class LastWord:
@@ -29,7 +31,7 @@ class LastWord:
 
 
 def timed_last_word(word: str, start_s: float, end_s: float, probability: float,
-                    voiced_end_samples: int, rate: int = 16000) -> LastWord:
+                    voiced_end_samples: int, rate: int = PIPELINE_RATE) -> LastWord:
     """A ``LastWord`` from Whisper's timing (seconds) and the voiced end (samples of the same buffer)."""
     return LastWord(word, round(1000 * start_s, 1), round(1000 * end_s, 1),
                     round(1000 * voiced_end_samples / rate, 1), round(probability, 3))

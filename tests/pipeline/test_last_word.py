@@ -16,6 +16,7 @@ import pytest
 from pipeline.endpointing.decision import PauseSignals, fuse
 from pipeline.endpointing.last_word import LastWord, is_doubtful
 from pipeline.persona.persona import Endpointing
+from tests.pipeline.test_asr_stage import LastWords
 
 SEMANTIC = Endpointing(mode="semantic", short_silence_ms=192, long_silence_ms=1600, threshold=0.5)
 # As measured in `bench turns` (signals at the pause of 04-flite-rms-pause1200): the words read
@@ -152,16 +153,6 @@ FULL = "What should I cook for dinner tonight?"
 FRAGMENT = "What should I cook for"
 
 
-class LastWordsTold:
-    """Stands in for the endpointer: the last word the ASR stage reports after each final."""
-
-    def __init__(self):
-        self.words: dict[int, LastWord | None] = {}
-
-    def add_last_word(self, gen: int, last_word: LastWord | None) -> None:
-        self.words[gen] = last_word
-
-
 def read_at_the_pause(audio: np.ndarray, transcriber, vad_model):
     """The final transcript ASR sends at the first pause, and its last word (timed after it), through
     the real VAD and ASR stages fed 32 ms frames as a session is (after the scripted user's 0.3 s lead-in)."""
@@ -173,7 +164,7 @@ def read_at_the_pause(audio: np.ndarray, transcriber, vad_model):
     from pipeline.vad.stage import VADStage
     from pipeline.waterfall import WaterfallBook
 
-    told = LastWordsTold()
+    told = LastWords([])  # stands in for the endpointer
     asr = ASRStage(transcriber, ASRConfig(), lambda: "en", WaterfallBook(), endpointer=told)
     vad = VADStage(SileroVAD(vad_model), VADConfig(), TurnCounter(), lambda: Endpointing(mode="silence"),
                    WaterfallBook())
