@@ -182,4 +182,8 @@ def test_decoding_batches_keep_fp32_activations(models, batch):
         assert torch.equal(got, want)
         tokens = want.argmax(-1).tolist()
         positions = [p + 1 for p in positions]
-    assert torch.equal(runs[0].kv_cache.tensors.k, runs[1].kv_cache.tensors.k)
+    # The positions written (each prompt and 3 decoded tokens): the rest of the cache is torch.empty's
+    # memory, which may hold anything (a CI worker's earlier tests).
+    for slot in slots:
+        for a, b in zip(*((r.kv_cache.tensors.k, r.kv_cache.tensors.v) for r in runs)):
+            assert torch.equal(a[:, slot, :, :positions[slot]], b[:, slot, :, :positions[slot]])
