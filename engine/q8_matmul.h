@@ -28,6 +28,7 @@
 // time through 512-bit vectors, and their lanes are summed with vpermt2d instead of vphaddd.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -482,11 +483,202 @@ inline void matvec_q8_format(const QWeight& w, const Q8Rows& xq, int64_t M, floa
   }
 }
 
+// Activation rows from which the int8 tiles take a prompt chunk's products (below: the vector path).
+constexpr int64_t kQ8TileMinRows = 16;
+
+#if defined(VOXLANE_AMX_INT8)
+// ---- AMX int8 tiles for int8-activation prompt chunks (16+ rows) -----------------------------------------
+// TDPBSSD / TDPBUSD multiply a tile of signed / unsigned bytes A (16 rows x 4K) by a tile of signed
+// bytes B (K rows of 16 x 4 bytes) into 16 x 16 int32 sums. Here A = 16 weight rows of one 32-weight
+// sub-block (K = 32: rows of 32 bytes), B = the Q8 blocks of 16 activation rows at that sub-block
+// (8 rows of [16 activation rows][4 bytes], packed once per phase and worker: XPack::q8), so one
+// product is the 256 integer sums u . q of a sub-block (16 x 16 x 32 multiply-adds), stored, and the
+// epilogue applies the scales in fp32 as the vector path does, a * dx (+ c * s): per weight row n one
+// vector over the 16 activation rows, acc[n] += float(C[n]) * (a[n] * dx) (+ c[n] * s). The
+// weights of a panel of 16 rows are unpacked from the file's blocks (Q8Dot's u) into a per-worker
+// buffer once per task: the offset formats (Q8_0 as u = q + 128, Q4_0 / Q5_0's nibbles with c = -Z a)
+// as the signed u - Z (TDPBSSD, no min term), Q4_1 and Q4_K's nibbles as unsigned u with their c
+// (TDPBUSD). The same integer sums and scale products as dot_rows_q8; only the fp32 order of the
+// additions differs.
+namespace amx {
+
+template <class B> struct TileQ8 { static constexpr bool ok = false; };
+template <class B, bool S, int Z> struct TileQ8Of {
+  static constexpr bool ok = true, SIGNED = S;
+  static constexpr int ZERO = Z;  // SIGNED: the weight byte is u - ZERO (and c = -ZERO a is not applied)
+};
+template <> struct TileQ8<gguf::BlockQ8_0> : TileQ8Of<gguf::BlockQ8_0, true, 128> {};  // Q8Dot's u = q ^ 0x80
+template <> struct TileQ8<gguf::BlockQ4_0> : TileQ8Of<gguf::BlockQ4_0, true, 8> {};
+template <> struct TileQ8<gguf::BlockQ5_0> : TileQ8Of<gguf::BlockQ5_0, true, 16> {};
+template <> struct TileQ8<gguf::BlockQ4_1> : TileQ8Of<gguf::BlockQ4_1, false, 0> {};
+template <> struct TileQ8<gguf::BlockQ4_K> : TileQ8Of<gguf::BlockQ4_K, false, 0> {};
+
+// Tiles: C0, C1 (16 x 16 int32), A0, A1 (16 weight rows x 32 bytes), B0, B1 (8 x 64 bytes).
+struct alignas(64) Q8TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 32, 32, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 8, 8};
+};
+
+// xq's first M rows -> p.q8 / q8d / q8s (XPack), zeros past M.
+inline void pack_q8_tiles(const Q8Rows& xq, int64_t M, XPack& p) {
+  const int64_t J = xq.blocks(), mblocks = (M + 15) / 16;
+  p.q8.resize(static_cast<size_t>(mblocks * J * 512));
+  p.q8d.resize(static_cast<size_t>(mblocks * J * 16));
+  p.q8s.resize(static_cast<size_t>(mblocks * J * 16));
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i q_rows = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(xq.K)));
+  const __m512i s_rows = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(J)));
+  for (int64_t mb = 0; mb < mblocks; ++mb) {
+    const int64_t m0 = mb * 16, rows = std::min<int64_t>(16, M - m0);
+    const __mmask16 valid = static_cast<__mmask16>((1u << rows) - 1);
+    const int8_t* q = xq.q + m0 * xq.K;
+    for (int64_t j = 0; j < J; ++j) {
+      int8_t* tile = p.q8.data() + (mb * J + j) * 512;
+      for (int r = 0; r < 8; ++r)  // B row r: bytes 4r .. 4r + 3 of the block, of each of the 16 rows
+        _mm512_storeu_si512(tile + 64 * r, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, q_rows,
+                                                                     q + 32 * j + 4 * r, 1));
+      const int64_t at = (mb * J + j) * 16;
+      _mm512_storeu_ps(p.q8d.data() + at, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, s_rows, xq.d + m0 * J + j, 4));
+      _mm512_storeu_ps(p.q8s.data() + at, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, s_rows, xq.s + m0 * J + j, 4));
+    }
+  }
+  p.q8_ready = true;
+}
+
+// Weight rows [p0, p0 + rows) (rows <= 16) -> a [16][K] bytes (TileQ8's u or u - ZERO) and the
+// sub-blocks' scales sa, sc [K / 32][16] (rows past `rows`: zeros).
+template <class B>
+inline void unpack_q8_panel(const uint8_t* data, int64_t row_bytes, int64_t K, int64_t p0, int64_t rows, uint8_t* a,
+                            float* sa, float* sc) {
+  using T = TileQ8<B>;
+  constexpr int J = B::QK / kQ8;
+  const int64_t nblocks = K / B::QK;
+  if (rows < 16) {
+    std::memset(a + rows * K, 0, (16 - rows) * K);
+    for (int64_t j = 0; j < K / kQ8; ++j)
+      for (int64_t r = rows; r < 16; ++r) sa[j * 16 + r] = sc[j * 16 + r] = 0.f;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = data + (p0 + r) * row_bytes;
+    uint8_t* out = a + r * K;
+    for (int64_t blk = 0; blk < nblocks; ++blk)
+      Q8Dot<B>::blocks(row + blk * B::BYTES, [&](int j, __m256i u, __m256i, float scale, float min) {
+        const int64_t sub = blk * J + j;
+        if constexpr (T::SIGNED) u = _mm256_sub_epi8(u, _mm256_set1_epi8(static_cast<char>(T::ZERO)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kQ8 * sub), u);
+        sa[sub * 16 + r] = scale;
+        sc[sub * 16 + r] = min;
+      });
+  }
+}
+
+// y[m, n] = xq[m] . W[n] (+ w.bias[n]) for weight rows [n0, n1) and M >= 16 rows of xq, in int8 tiles.
+// pack: the worker's (xq's tiles kept across the tasks of a phase), or null (packed for this call).
+template <class B>
+inline void q8_weights(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
+                       XPack* pack) {
+  using T = TileQ8<B>;
+  thread_local XPack own;
+  XPack& xp = pack ? *pack : own;
+  if (!pack || !xp.q8_ready) pack_q8_tiles(xq, M, xp);
+  const int64_t K = w.cols, J = K / kQ8, mblocks = (M + 15) / 16;
+  thread_local std::vector<uint8_t> a;
+  thread_local std::vector<float> sa, sc;
+  thread_local std::vector<int32_t> c;  // two 16 x 16 tiles of sums
+  a.resize(16 * K);
+  sa.resize(16 * J);
+  sc.resize(16 * J);
+  c.resize(2 * 256 + 16);
+  int32_t* c0 = reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(c.data()) + 63) & ~uintptr_t(63));
+  int32_t* c1 = c0 + 256;
+  static const Q8TileConfig config;
+  _tile_loadconfig(&config);
+  for (int64_t p0 = n0; p0 < n1; p0 += 16) {
+    const int64_t rows = std::min<int64_t>(16, n1 - p0);
+    unpack_q8_panel<B>(w.data, w.row_bytes, K, p0, rows, a.data(), sa.data(), sc.data());
+    gemm::prefetch_panel(w.data, w.row_bytes, p0 + 16, std::min<int64_t>(n1, p0 + 32));
+    const __mmask16 out_rows = static_cast<__mmask16>((1u << rows) - 1);
+    const __m512 bias = w.bias ? _mm512_maskz_loadu_ps(out_rows, w.bias + p0) : _mm512_setzero_ps();
+    for (int64_t mb = 0; mb < mblocks; ++mb) {
+      const int8_t* bt = xp.q8.data() + mb * J * 512;
+      const float *dx = xp.q8d.data() + mb * J * 16, *sx = xp.q8s.data() + mb * J * 16;
+      __m512 acc[16];
+      for (int n = 0; n < 16; ++n) acc[n] = _mm512_setzero_ps();
+      auto scale_add = [&](const int32_t* sums, int64_t j) {  // acc[n] += float(C[n]) * (a[n] dx) + c[n] s
+        const __m512 d = _mm512_loadu_ps(dx + j * 16);
+        const float *aj = sa.data() + j * 16, *cj = sc.data() + j * 16;
+        for (int n = 0; n < 16; ++n)
+          acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + 16 * n)),
+                                   _mm512_mul_ps(_mm512_set1_ps(aj[n]), d), acc[n]);
+        if constexpr (!T::SIGNED) {
+          const __m512 s = _mm512_loadu_ps(sx + j * 16);
+          for (int n = 0; n < 16; ++n) acc[n] = _mm512_fmadd_ps(_mm512_set1_ps(cj[n]), s, acc[n]);
+        }
+      };
+      // tile numbers are immediates (gcc's intrinsics paste them into the instruction): a macro
+#define VOXLANE_Q8_PRODUCT(C, A, BT, j)                                  \
+  do {                                                                   \
+    _tile_zero(C);                                                       \
+    _tile_loadd(A, a.data() + kQ8 * (j), K);                             \
+    _tile_loadd(BT, bt + (j) * 512, 64);                                 \
+    if constexpr (T::SIGNED) _tile_dpbssd(C, A, BT);                     \
+    else _tile_dpbusd(C, A, BT);                                         \
+  } while (0)
+      int64_t j = 0;
+      for (; j + 2 <= J; j += 2) {  // two sub-blocks in flight: the second's product runs under the first's epilogue
+        VOXLANE_Q8_PRODUCT(0, 2, 4, j);
+        VOXLANE_Q8_PRODUCT(1, 3, 5, j + 1);
+        _tile_stored(0, c0, 64);
+        scale_add(c0, j);
+        _tile_stored(1, c1, 64);
+        scale_add(c1, j + 1);
+      }
+      if (j < J) {
+        VOXLANE_Q8_PRODUCT(0, 2, 4, j);
+        _tile_stored(0, c0, 64);
+        scale_add(c0, j);
+      }
+#undef VOXLANE_Q8_PRODUCT
+      // acc[n] lanes = activation rows: transposed, each activation row's 16 outputs in one masked store
+      gemm::transpose16(acc);
+      const int64_t m0 = mb * 16, m1 = std::min(M, m0 + 16);
+      for (int64_t m = m0; m < m1; ++m)
+        _mm512_mask_storeu_ps(y + m * ldy + p0, out_rows, _mm512_add_ps(acc[m - m0], bias));
+    }
+  }
+  _tile_release();
+}
+
+}  // namespace amx
+#endif
+
+// Whether format's int8-activation products of kQ8TileMinRows+ rows run in AMX int8 tiles here (AMX
+// allowed and usable, and the format has them); elsewhere the vector path (dot_rows_q8).
+inline bool q8_tiles(int64_t format) {
+  bool ok = false;
+#if defined(VOXLANE_AMX_INT8)
+  gguf::with_format(format, [&](auto block) {
+    if constexpr (amx::TileQ8<decltype(block)>::ok) ok = amx_runs();
+  });
+#else
+  (void)format;
+#endif
+  return ok;
+}
+
 // y[m, n] = xq[m] . W[n] for rows n in [n0, n1) and M rows of xq (groups of 8); xq.K == w.cols.
-// A format without an integer path (has_q8_path false) is not computed: callers check.
-inline void matvec_q8(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+// A format without an integer path (has_q8_path false) is not computed: callers check. From
+// kQ8TileMinRows rows on, AMX int8 tiles where q8_tiles(format); pack: the worker's XPack for xq.
+inline void matvec_q8(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
+                      XPack* pack = nullptr) {
   gguf::with_format(w.format, [&](auto block) {
     using B = decltype(block);
+#if defined(VOXLANE_AMX_INT8)
+    if constexpr (amx::TileQ8<B>::ok)
+      if (M >= kQ8TileMinRows && amx_runs()) return amx::q8_weights<B>(w, xq, M, y, ldy, n0, n1, pack);
+#endif
+    (void)pack;
     if constexpr (is_q8_block<B>()) {
       for (int64_t m = 0; m < M; m += 8)
         matvec_q8_format<B>(w, xq.at_row(m), M - m < 8 ? M - m : 8, y + m * ldy, ldy, n0, n1);
