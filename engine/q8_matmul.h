@@ -498,26 +498,31 @@ constexpr int64_t kQ8TileMinRows = 16;
 // weights of a panel of 16 rows are unpacked from the file's blocks (Q8Dot's u) into a per-worker
 // buffer once per task: the offset formats (Q8_0 as u = q + 128, Q4_0 / Q5_0's nibbles with c = -Z a)
 // as the signed u - Z (TDPBSSD, no min term), Q4_1 and Q4_K's nibbles as unsigned u with their c
-// (TDPBUSD). The same integer sums and scale products as dot_rows_q8; only the fp32 order of the
-// additions differs.
+// (TDPBUSD). Q6_K's scales are per 16 weights (an int8 sc each, w = d sc (q - 32)): two products of
+// K = 16 per sub-block (A tiles of 16-byte rows; the B tile's first and last 4 rows), and the epilogue
+// adds both halves with a = d sc of each. The same integer sums as dot_rows_q8; the scales are applied
+// in another fp32 order (Q6_K: d sc in fp32, exact, instead of sc in the integer sum).
 namespace amx {
 
 template <class B> struct TileQ8 { static constexpr bool ok = false; };
-template <class B, bool S, int Z> struct TileQ8Of {
+template <class B, bool S, int Z, bool H = false> struct TileQ8Of {
   static constexpr bool ok = true, SIGNED = S;
   static constexpr int ZERO = Z;  // SIGNED: the weight byte is u - ZERO (and c = -ZERO a is not applied)
+  static constexpr bool HALVES = H;  // a scale per 16 weights (Q6_K): sa for the first 16, sc the last
 };
 template <> struct TileQ8<gguf::BlockQ8_0> : TileQ8Of<gguf::BlockQ8_0, true, 128> {};  // Q8Dot's u = q ^ 0x80
 template <> struct TileQ8<gguf::BlockQ4_0> : TileQ8Of<gguf::BlockQ4_0, true, 8> {};
 template <> struct TileQ8<gguf::BlockQ5_0> : TileQ8Of<gguf::BlockQ5_0, true, 16> {};
 template <> struct TileQ8<gguf::BlockQ4_1> : TileQ8Of<gguf::BlockQ4_1, false, 0> {};
 template <> struct TileQ8<gguf::BlockQ4_K> : TileQ8Of<gguf::BlockQ4_K, false, 0> {};
+template <> struct TileQ8<gguf::BlockQ6_K> : TileQ8Of<gguf::BlockQ6_K, true, 32, true> {};  // u = the 6-bit q
 
-// Tiles: C0, C1 (16 x 16 int32), A0, A1 (16 weight rows x 32 bytes), B0, B1 (8 x 64 bytes).
-struct alignas(64) Q8TileConfig {
+// Tiles: C0-C3 (16 x 16 int32), A0, A1 (16 weight rows x K bytes), B0, B1 (K / 4 rows x 64 bytes);
+// K = 32 (a sub-block), or 16 (half of one: Q6_K).
+template <int K> struct alignas(64) Q8TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 32, 32, 64, 64};
-  uint8_t rows[16] = {16, 16, 16, 16, 8, 8};
+  uint16_t colsb[16] = {64, 64, 64, 64, K, K, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, K / 4, K / 4};
 };
 
 // xq's first M rows -> p.q8 / q8d / q8s (XPack), zeros past M.
@@ -567,8 +572,14 @@ inline void unpack_q8_panel(const uint8_t* data, int64_t row_bytes, int64_t K, i
         const int64_t sub = blk * J + j;
         if constexpr (T::SIGNED) u = _mm256_sub_epi8(u, _mm256_set1_epi8(static_cast<char>(T::ZERO)));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kQ8 * sub), u);
-        sa[sub * 16 + r] = scale;
-        sc[sub * 16 + r] = min;
+        if constexpr (T::HALVES) {  // Q6_K: d times the int8 scales of the sub-block's two halves
+          const int8_t* s16 = reinterpret_cast<const int8_t*>(row + blk * B::BYTES + 192) + 2 * j;
+          sa[sub * 16 + r] = scale * s16[0];
+          sc[sub * 16 + r] = scale * s16[1];
+        } else {
+          sa[sub * 16 + r] = scale;
+          sc[sub * 16 + r] = min;
+        }
       });
   }
 }
@@ -585,19 +596,29 @@ inline void q8_weights(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, 
   const int64_t K = w.cols, J = K / kQ8, mblocks = (M + 15) / 16;
   thread_local std::vector<uint8_t> a;
   thread_local std::vector<float> sa, sc;
-  thread_local std::vector<int32_t> c;  // two 16 x 16 tiles of sums
+  thread_local std::vector<int32_t> c;  // four 16 x 16 tiles of sums (two banks of two)
   a.resize(16 * K);
   sa.resize(16 * J);
   sc.resize(16 * J);
-  c.resize(2 * 256 + 16);
+  c.resize(4 * 256 + 16);
   int32_t* c0 = reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(c.data()) + 63) & ~uintptr_t(63));
-  int32_t* c1 = c0 + 256;
-  static const Q8TileConfig config;
+  static const Q8TileConfig<T::HALVES ? 16 : 32> config;
   _tile_loadconfig(&config);
+  // The first panel's bytes all asked for before its unpack reads them block by block (a task's first
+  // panel comes from memory: one miss at a time would leave the unpack waiting on each line in turn).
+  gemm::prefetch_panel(w.data, w.row_bytes, n0, std::min<int64_t>(n1, n0 + 16));
   for (int64_t p0 = n0; p0 < n1; p0 += 16) {
     const int64_t rows = std::min<int64_t>(16, n1 - p0);
     unpack_q8_panel<B>(w.data, w.row_bytes, K, p0, rows, a.data(), sa.data(), sc.data());
-    gemm::prefetch_panel(w.data, w.row_bytes, p0 + 16, std::min<int64_t>(n1, p0 + 32));
+    // The next panel's bytes into L2 a few lines per unit of products (in one burst the prefetches
+    // wait for free miss buffers, and nothing else runs meanwhile)
+    const char* ahead = reinterpret_cast<const char*>(w.data + (p0 + 16) * w.row_bytes);
+    const char* ahead_end = reinterpret_cast<const char*>(w.data + std::min<int64_t>(n1, p0 + 32) * w.row_bytes);
+    const int64_t units = mblocks * (T::HALVES ? J : (J + 1) / 2);
+    const int64_t per_unit = ahead < ahead_end ? ((ahead_end - ahead) / 64 + units) / units : 0;
+    auto prefetch_ahead = [&] {
+      for (int64_t i = 0; i < per_unit && ahead < ahead_end; ++i, ahead += 64) _mm_prefetch(ahead, _MM_HINT_T1);
+    };
     const __mmask16 out_rows = static_cast<__mmask16>((1u << rows) - 1);
     const __m512 bias = w.bias ? _mm512_maskz_loadu_ps(out_rows, w.bias + p0) : _mm512_setzero_ps();
     for (int64_t mb = 0; mb < mblocks; ++mb) {
@@ -616,29 +637,81 @@ inline void q8_weights(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, 
           for (int n = 0; n < 16; ++n) acc[n] = _mm512_fmadd_ps(_mm512_set1_ps(cj[n]), s, acc[n]);
         }
       };
-      // tile numbers are immediates (gcc's intrinsics paste them into the instruction): a macro
-#define VOXLANE_Q8_PRODUCT(C, A, BT, j)                                  \
+      // Q6_K: sums of the sub-block's first half (lo) and last half (hi), each with its own d sc
+      auto scale_add_halves = [&](const int32_t* lo, const int32_t* hi, int64_t j) {
+        const __m512 d = _mm512_loadu_ps(dx + j * 16);
+        const float *alo = sa.data() + j * 16, *ahi = sc.data() + j * 16;
+        for (int n = 0; n < 16; ++n) {
+          acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(lo + 16 * n)),
+                                   _mm512_mul_ps(_mm512_set1_ps(alo[n]), d), acc[n]);
+          acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(hi + 16 * n)),
+                                   _mm512_mul_ps(_mm512_set1_ps(ahi[n]), d), acc[n]);
+        }
+      };
+      // Units of two products: two sub-blocks (or a Q6_K sub-block's two halves) into one bank of two
+      // C tiles (bank 0: tiles 0, 1; bank 1: 2, 3), stored to that bank's two buffers. The products of
+      // unit u + 1 are issued before unit u's epilogue, so the tile unit works while the vector units
+      // apply the scales, and no epilogue waits on the product it reads. Tile numbers are immediates
+      // (gcc's intrinsics paste them into the instruction): macros. A tiles 4, 5; B tiles 6, 7.
+#define VOXLANE_Q8_PRODUCT(C, A, BT, j, a_at, b_at)                      \
   do {                                                                   \
     _tile_zero(C);                                                       \
-    _tile_loadd(A, a.data() + kQ8 * (j), K);                             \
-    _tile_loadd(BT, bt + (j) * 512, 64);                                 \
+    _tile_loadd(A, a.data() + kQ8 * (j) + (a_at), K);                    \
+    _tile_loadd(BT, bt + (j) * 512 + (b_at), 64);                        \
     if constexpr (T::SIGNED) _tile_dpbssd(C, A, BT);                     \
     else _tile_dpbusd(C, A, BT);                                         \
   } while (0)
-      int64_t j = 0;
-      for (; j + 2 <= J; j += 2) {  // two sub-blocks in flight: the second's product runs under the first's epilogue
-        VOXLANE_Q8_PRODUCT(0, 2, 4, j);
-        VOXLANE_Q8_PRODUCT(1, 3, 5, j + 1);
+#define VOXLANE_Q8_ISSUE(C0, C1, u)                                      \
+  do {                                                                   \
+    if constexpr (T::HALVES) {                                           \
+      VOXLANE_Q8_PRODUCT(C0, 4, 6, (u), 0, 0);                           \
+      VOXLANE_Q8_PRODUCT(C1, 5, 7, (u), 16, 256);                        \
+    } else {                                                             \
+      VOXLANE_Q8_PRODUCT(C0, 4, 6, 2 * (u), 0, 0);                       \
+      VOXLANE_Q8_PRODUCT(C1, 5, 7, 2 * (u) + 1, 0, 0);                   \
+    }                                                                    \
+  } while (0)
+      auto epilogue = [&](int bank, int64_t u) {
+        int32_t* s0 = c0 + 512 * bank;
+        if constexpr (T::HALVES) {
+          scale_add_halves(s0, s0 + 256, u);
+        } else {
+          scale_add(s0, 2 * u);
+          scale_add(s0 + 256, 2 * u + 1);
+        }
+      };
+      const int64_t U = T::HALVES ? J : J / 2;
+      int64_t u = 0;
+      if (U > 0) {
+        VOXLANE_Q8_ISSUE(0, 1, 0);
         _tile_stored(0, c0, 64);
-        scale_add(c0, j);
-        _tile_stored(1, c1, 64);
-        scale_add(c1, j + 1);
+        _tile_stored(1, c0 + 256, 64);
       }
-      if (j < J) {
-        VOXLANE_Q8_PRODUCT(0, 2, 4, j);
+      for (; u + 2 <= U; u += 2) {  // bank 0 holds unit u (stored)
+        VOXLANE_Q8_ISSUE(2, 3, u + 1);
+        prefetch_ahead();
+        epilogue(0, u);
+        _tile_stored(2, c0 + 512, 64);
+        _tile_stored(3, c0 + 768, 64);
+        const bool more = u + 2 < U;
+        if (more) VOXLANE_Q8_ISSUE(0, 1, u + 2);
+        prefetch_ahead();
+        epilogue(1, u + 1);
+        if (more) {
+          _tile_stored(0, c0, 64);
+          _tile_stored(1, c0 + 256, 64);
+        }
+      }
+      if (u < U) {
+        prefetch_ahead();
+        epilogue(0, u);
+      }
+      if (!T::HALVES && J % 2) {  // a lone last sub-block
+        VOXLANE_Q8_PRODUCT(0, 4, 6, J - 1, 0, 0);
         _tile_stored(0, c0, 64);
-        scale_add(c0, j);
+        scale_add(c0, J - 1);
       }
+#undef VOXLANE_Q8_ISSUE
 #undef VOXLANE_Q8_PRODUCT
       // acc[n] lanes = activation rows: transposed, each activation row's 16 outputs in one masked store
       gemm::transpose16(acc);

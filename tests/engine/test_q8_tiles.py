@@ -1,7 +1,7 @@
 """AMX int8 tiles for int8-activation prompt chunks (engine/q8_matmul.h's amx::q8_weights): from 16
-activation rows on, the Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q4_K weights multiply the Q8 activation blocks
-in TDPBSSD / TDPBUSD tiles, one product per 32-weight sub-block, with the scales applied in fp32 as
-the vector path does. Each format's tiles at 16, 43 and 512 rows against the torch twin (x quantized
+activation rows on, the Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q4_K / Q6_K weights multiply the Q8 activation
+blocks in TDPBSSD / TDPBUSD tiles, one product per 32-weight sub-block (Q6_K: two, one per 16-weight
+scale), with the scales applied in fp32 as the vector path does. Each format's tiles at 16, 43 and 512 rows against the torch twin (x quantized
 to Q8 blocks, the file's dequantized weights) and against the vector path (AMX off) on real tensors
 of the packaged Qwen2.5-0.5B and SmolLM2 files; the one-call step's prefill with the tiles against
 the same step on the vector path; decoding batches (< 16 rows) untouched."""
@@ -21,7 +21,7 @@ from tests.engine.test_int8_activations import quantize_q8_twin
 from tests.engine.test_native_weights import ops, qwen_dir, qwen_tensors, smollm2_tensors  # noqa: F401 (fixtures)
 
 ROWS = (16, 43, 512)
-TILE_FORMATS = (fmt.Q8_0, fmt.Q4_0, fmt.Q5_0, fmt.Q4_1, fmt.Q4_K)
+TILE_FORMATS = (fmt.Q8_0, fmt.Q4_0, fmt.Q5_0, fmt.Q4_1, fmt.Q4_K, fmt.Q6_K)
 
 
 def _cpu_has_amx_int8() -> bool:
@@ -74,21 +74,21 @@ def check_tiles(ops, vector_path, weight: QuantWeight, rows=ROWS):
         assert not torch.equal(got, vector), f"{M} rows: the vector path's bits (tiles not used?)"
 
 
-@pytest.mark.parametrize("name", ["blk.0.ffn_gate.weight", "blk.0.attn_q.weight", "blk.0.attn_v.weight",
-                                  "blk.1.attn_v.weight", "blk.2.ffn_down.weight"])
+QWEN_NAMES = ["blk.0.ffn_gate.weight", "blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.1.attn_v.weight",
+              "blk.2.ffn_down.weight", "blk.0.ffn_down.weight"]
+
+
+@pytest.mark.parametrize("name", QWEN_NAMES)
 def test_qwen_tensors(ops, vector_path, qwen_tensors, name):
-    """Qwen2.5-0.5B's prompt matrices: Q5_0 (gate/up, q/k/o, half the v), Q8_0 (the other v), Q4_K
-    (half the down); 99 rows: 6 panels of 16 and one of 3 (the A tile's zero rows)."""
+    """Qwen2.5-0.5B's prompt matrices: Q5_0 (gate/up, q/k/o, half the v), Q8_0 (the other v), Q4_K and
+    Q6_K (the down, half each); 99 rows: 6 panels of 16 and one of 3 (the A tile's zero rows)."""
     weight = qwen_tensors.quant(name)
     tiles_or_skip(ops, weight.format)
     check_tiles(ops, vector_path, QuantWeight(weight.format, weight.blocks[:99].contiguous(), weight.cols))
 
 
 def test_qwen_has_the_formats(qwen_tensors):
-    formats = {qwen_tensors.tensors[n].ggml_type for n in ("blk.0.ffn_gate.weight", "blk.0.attn_q.weight",
-                                                          "blk.0.attn_v.weight", "blk.1.attn_v.weight",
-                                                          "blk.2.ffn_down.weight")}
-    assert formats == {fmt.Q5_0, fmt.Q8_0, fmt.Q4_K}
+    assert {qwen_tensors.tensors[n].ggml_type for n in QWEN_NAMES} == {fmt.Q5_0, fmt.Q8_0, fmt.Q4_K, fmt.Q6_K}
 
 
 @pytest.mark.parametrize("name", ["blk.0.ffn_down.weight", "blk.5.ffn_up.weight", "token_embd.weight"])
@@ -106,19 +106,9 @@ def test_odd_sub_block_count(ops, vector_path, format):
     check_tiles(ops, vector_path, random_blocks(format, 37, 608, seed=format), rows=(16, 17, 43))
 
 
-def test_q6_k_keeps_the_vector_path(ops, vector_path, qwen_tensors):
-    """Q6_K (16-weight scales) has no tile path: the vector path's result, bit for bit."""
-    assert not ops.q8_activation_tiles(fmt.Q6_K)
-    weight = qwen_tensors.quant("blk.0.ffn_down.weight")
-    assert weight.format == fmt.Q6_K
-    blocks = weight.blocks[:40].contiguous()
-    x = torch.randn(43, weight.cols, generator=torch.Generator().manual_seed(5))
-    got = ops.quant_linear_q8(x, blocks, fmt.Q6_K, weight.cols, None)
-    assert torch.equal(got, vector_path(lambda: ops.quant_linear_q8(x, blocks, fmt.Q6_K, weight.cols, None)))
-
-
 def test_every_byte_value(ops, vector_path):
-    """Random bytes in every field (Q8_0's -128, Q5_0's 31, Q4_K's 63 scales and mins) times activations
+    """Random bytes in every field (Q8_0's -128, Q5_0's 31, Q4_K's 63 scales and mins, Q6_K's 63 and -128
+    scales) times activations
     that quantize to +-127: the extreme byte products (Q8_0 as the signed q through TDPBSSD) equal the
     exact product of the file's values."""
     from tests.engine.test_int8_activations import FP16_FIELDS
