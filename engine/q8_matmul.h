@@ -525,6 +525,15 @@ template <int K> struct alignas(64) Q8TileConfig {
   uint8_t rows[16] = {16, 16, 16, 16, 16, 16, K / 4, K / 4};
 };
 
+// _tile_stored without gcc's "memory" clobber: the 1 KB it writes is the asm's output operand, so the
+// compiler keeps the epilogue's accumulators in registers instead of writing all 16 to memory around
+// every store (a clobber says any memory may have changed). Tile loads and stores read and write
+// memory the compiler does not see otherwise: q8_weights puts a barrier after writing their sources.
+#define VOXLANE_TILE_STORE(t, buf)                                                                     \
+  __asm__ volatile("{tilestored\t%%tmm" #t ", (%1,%2,1)|tilestored\t[%1+%2*1], %%tmm" #t "}"        \
+                   : "=m"(*reinterpret_cast<int32_t(*)[256]>(buf))                                     \
+                   : "r"(buf), "r"(64L))
+
 // xq's first M rows -> p.q8 / q8d / q8s (XPack), zeros past M.
 inline void pack_q8_tiles(const Q8Rows& xq, int64_t M, XPack& p) {
   const int64_t J = xq.blocks(), mblocks = (M + 15) / 16;
@@ -602,6 +611,13 @@ inline void q8_weights(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, 
   sc.resize(16 * J);
   c.resize(4 * 256 + 16);
   int32_t* c0 = reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(c.data()) + 63) & ~uintptr_t(63));
+  __asm__("" : "+r"(c0));
+  // Plain pointers for the loops, made opaque (the empty asm): gcc otherwise re-reads them from the
+  // thread_locals inside the loops, a call to __tls_get_addr each time (and the accumulators spilled
+  // around the call).
+  uint8_t* ap = a.data();
+  float *sap = sa.data(), *scp = sc.data();
+  __asm__("" : "+r"(ap), "+r"(sap), "+r"(scp));
   static const Q8TileConfig<T::HALVES ? 16 : 32> config;
   _tile_loadconfig(&config);
   // The first panel's bytes all asked for before its unpack reads them block by block (a task's first
@@ -609,7 +625,8 @@ inline void q8_weights(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, 
   gemm::prefetch_panel(w.data, w.row_bytes, n0, std::min<int64_t>(n1, n0 + 16));
   for (int64_t p0 = n0; p0 < n1; p0 += 16) {
     const int64_t rows = std::min<int64_t>(16, n1 - p0);
-    unpack_q8_panel<B>(w.data, w.row_bytes, K, p0, rows, a.data(), sa.data(), sc.data());
+    unpack_q8_panel<B>(w.data, w.row_bytes, K, p0, rows, ap, sap, scp);
+    __asm__ volatile("" ::: "memory");  // the panel (and x's tiles) written before the tile loads read them
     // The next panel's bytes into L2 a few lines per unit of products (in one burst the prefetches
     // wait for free miss buffers, and nothing else runs meanwhile)
     const char* ahead = reinterpret_cast<const char*>(w.data + (p0 + 16) * w.row_bytes);
@@ -626,26 +643,37 @@ inline void q8_weights(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, 
       const float *dx = xp.q8d.data() + mb * J * 16, *sx = xp.q8s.data() + mb * J * 16;
       __m512 acc[16];
       for (int n = 0; n < 16; ++n) acc[n] = _mm512_setzero_ps();
-      auto scale_add = [&](const int32_t* sums, int64_t j) {  // acc[n] += float(C[n]) * (a[n] dx) + c[n] s
-        const __m512 d = _mm512_loadu_ps(dx + j * 16);
-        const float *aj = sa.data() + j * 16, *cj = sc.data() + j * 16;
-        for (int n = 0; n < 16; ++n)
-          acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + 16 * n)),
-                                   _mm512_mul_ps(_mm512_set1_ps(aj[n]), d), acc[n]);
+      // acc[n] += float(C[n]) * (a[n] dx) + c[n] s for sub-block j (sums) and, when given, j + 1 (next):
+      // each accumulator read and written once for both
+      auto scale_add = [&](const int32_t* sums, const int32_t* next, int64_t j) {
+        const __m512 d0 = _mm512_loadu_ps(dx + j * 16), d1 = next ? _mm512_loadu_ps(dx + j * 16 + 16) : d0;
+        __m512 s0 = d0, s1 = d1;
         if constexpr (!T::SIGNED) {
-          const __m512 s = _mm512_loadu_ps(sx + j * 16);
-          for (int n = 0; n < 16; ++n) acc[n] = _mm512_fmadd_ps(_mm512_set1_ps(cj[n]), s, acc[n]);
+          s0 = _mm512_loadu_ps(sx + j * 16);
+          s1 = next ? _mm512_loadu_ps(sx + j * 16 + 16) : s0;
+        }
+        const float *aj = sap + j * 16, *cj = scp + j * 16;
+        for (int n = 0; n < 16; ++n) {
+          __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + 16 * n)),
+                                     _mm512_mul_ps(_mm512_set1_ps(aj[n]), d0), acc[n]);
+          if constexpr (!T::SIGNED) v = _mm512_fmadd_ps(_mm512_set1_ps(cj[n]), s0, v);
+          if (next) {
+            v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(next + 16 * n)),
+                                _mm512_mul_ps(_mm512_set1_ps(aj[16 + n]), d1), v);
+            if constexpr (!T::SIGNED) v = _mm512_fmadd_ps(_mm512_set1_ps(cj[16 + n]), s1, v);
+          }
+          acc[n] = v;
         }
       };
       // Q6_K: sums of the sub-block's first half (lo) and last half (hi), each with its own d sc
       auto scale_add_halves = [&](const int32_t* lo, const int32_t* hi, int64_t j) {
         const __m512 d = _mm512_loadu_ps(dx + j * 16);
-        const float *alo = sa.data() + j * 16, *ahi = sc.data() + j * 16;
+        const float *alo = sap + j * 16, *ahi = scp + j * 16;
         for (int n = 0; n < 16; ++n) {
-          acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(lo + 16 * n)),
-                                   _mm512_mul_ps(_mm512_set1_ps(alo[n]), d), acc[n]);
+          const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(lo + 16 * n)),
+                                           _mm512_mul_ps(_mm512_set1_ps(alo[n]), d), acc[n]);
           acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(hi + 16 * n)),
-                                   _mm512_mul_ps(_mm512_set1_ps(ahi[n]), d), acc[n]);
+                                   _mm512_mul_ps(_mm512_set1_ps(ahi[n]), d), v);
         }
       };
       // Units of two products: two sub-blocks (or a Q6_K sub-block's two halves) into one bank of two
@@ -656,7 +684,7 @@ inline void q8_weights(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, 
 #define VOXLANE_Q8_PRODUCT(C, A, BT, j, a_at, b_at)                      \
   do {                                                                   \
     _tile_zero(C);                                                       \
-    _tile_loadd(A, a.data() + kQ8 * (j) + (a_at), K);                    \
+    _tile_loadd(A, ap + kQ8 * (j) + (a_at), K);                    \
     _tile_loadd(BT, bt + (j) * 512 + (b_at), 64);                        \
     if constexpr (T::SIGNED) _tile_dpbssd(C, A, BT);                     \
     else _tile_dpbusd(C, A, BT);                                         \
@@ -676,30 +704,29 @@ inline void q8_weights(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, 
         if constexpr (T::HALVES) {
           scale_add_halves(s0, s0 + 256, u);
         } else {
-          scale_add(s0, 2 * u);
-          scale_add(s0 + 256, 2 * u + 1);
+          scale_add(s0, s0 + 256, 2 * u);
         }
       };
       const int64_t U = T::HALVES ? J : J / 2;
       int64_t u = 0;
       if (U > 0) {
         VOXLANE_Q8_ISSUE(0, 1, 0);
-        _tile_stored(0, c0, 64);
-        _tile_stored(1, c0 + 256, 64);
+        VOXLANE_TILE_STORE(0, c0);
+        VOXLANE_TILE_STORE(1, c0 + 256);
       }
       for (; u + 2 <= U; u += 2) {  // bank 0 holds unit u (stored)
         VOXLANE_Q8_ISSUE(2, 3, u + 1);
         prefetch_ahead();
         epilogue(0, u);
-        _tile_stored(2, c0 + 512, 64);
-        _tile_stored(3, c0 + 768, 64);
+        VOXLANE_TILE_STORE(2, c0 + 512);
+        VOXLANE_TILE_STORE(3, c0 + 768);
         const bool more = u + 2 < U;
         if (more) VOXLANE_Q8_ISSUE(0, 1, u + 2);
         prefetch_ahead();
         epilogue(1, u + 1);
         if (more) {
-          _tile_stored(0, c0, 64);
-          _tile_stored(1, c0 + 256, 64);
+          VOXLANE_TILE_STORE(0, c0);
+          VOXLANE_TILE_STORE(1, c0 + 256);
         }
       }
       if (u < U) {
@@ -708,8 +735,8 @@ inline void q8_weights(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, 
       }
       if (!T::HALVES && J % 2) {  // a lone last sub-block
         VOXLANE_Q8_PRODUCT(0, 4, 6, J - 1, 0, 0);
-        _tile_stored(0, c0, 64);
-        scale_add(c0, J - 1);
+        VOXLANE_TILE_STORE(0, c0);
+        scale_add(c0, nullptr, J - 1);
       }
 #undef VOXLANE_Q8_ISSUE
 #undef VOXLANE_Q8_PRODUCT
