@@ -525,10 +525,11 @@ template <int K> struct alignas(64) Q8TileConfig {
   uint8_t rows[16] = {16, 16, 16, 16, 16, 16, K / 4, K / 4};
 };
 
-// _tile_stored without gcc's "memory" clobber: the 1 KB it writes is the asm's output operand, so the
-// compiler keeps the epilogue's accumulators in registers instead of writing all 16 to memory around
-// every store (a clobber says any memory may have changed). Tile loads and stores read and write
-// memory the compiler does not see otherwise: q8_weights puts a barrier after writing their sources.
+// _tile_stored without gcc's "memory" clobber: the 1 KB it writes is the asm's output operand, so what
+// the compiler holds for other memory (the loop's pointers and scales, the accumulators it keeps on
+// the stack) is not written back and read again around every store (a clobber says any memory may have
+// changed). Tile loads read memory the compiler does not see: q8_weights puts a barrier after writing
+// their sources.
 #define VOXLANE_TILE_STORE(t, buf)                                                                     \
   __asm__ volatile("{tilestored\t%%tmm" #t ", (%1,%2,1)|tilestored\t[%1+%2*1], %%tmm" #t "}"        \
                    : "=m"(*reinterpret_cast<int32_t(*)[256]>(buf))                                     \
@@ -684,7 +685,7 @@ inline void q8_weights(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, 
 #define VOXLANE_Q8_PRODUCT(C, A, BT, j, a_at, b_at)                      \
   do {                                                                   \
     _tile_zero(C);                                                       \
-    _tile_loadd(A, ap + kQ8 * (j) + (a_at), K);                    \
+    _tile_loadd(A, ap + kQ8 * (j) + (a_at), K);                          \
     _tile_loadd(BT, bt + (j) * 512 + (b_at), 64);                        \
     if constexpr (T::SIGNED) _tile_dpbssd(C, A, BT);                     \
     else _tile_dpbusd(C, A, BT);                                         \
