@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--ttft-samples", type=int, default=5, help="43-token prompts per round (median)")
+    parser.add_argument("--no-stall-fallback", action="store_true",
+                        help="always the threads asked for (the step pool's one-thread fallback off, as decode_profile's)")
     args = parser.parse_args(argv)
 
     from engine import kernels
@@ -39,6 +41,9 @@ def main(argv: list[str] | None = None) -> None:
     ours = OurEngine(model_store.resolve(args.model, "llm"), args.quant,
                      BenchSettings(tokens=1, runs=args.rounds, batch=1, threads=args.threads),
                      int8_activations=args.int8_activations, bf16_activations=args.bf16_activations)
+    decoder = getattr(ours.engine.runner, "decoder", None)
+    if args.no_stall_fallback and decoder is not None:
+        decoder.set_stall_fallback(False)
     print(f"load before: {os.getloadavg()[0]:.2f}")
     arms = {"amx": True, "fma": False}
     ttft: dict[str, list[float]] = {a: [] for a in arms}
@@ -67,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{a}: TTFT median {statistics.median(ttft[a]):.1f} ms "
               f"({', '.join(f'{v:.1f}' for v in ttft[a])}); prefill median {statistics.median(prefill[a]):.0f} tok/s "
               f"({', '.join(f'{v:.0f}' for v in prefill[a])})")
+    if decoder is not None:
+        print(f"steps run on one thread by the stall fallback: {decoder.solo_steps()}")
     print(f"load after: {os.getloadavg()[0]:.2f}")
 
 

@@ -45,14 +45,14 @@ struct Linear {
 
   // y[m, n] = x[m] . W[n] (+ bias[n]) for rows n in [n0, n1) and every row m of x; with xq (x
   // as Q8 blocks), the segments of a GGUF block format use the integer path.
-  // pack: x's bf16 tiles for the prefill GEMM's AMX path (one per worker, tagged by phase).
+  // pack: x's bf16 tiles for the prefill GEMM's AMX path, or xq's int8 tiles (one per worker, tagged by phase).
   // bf16x: bf16 activations for the formats that have them (quant_matmul.h's matvec).
   void run(const float* x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
            const Q8Rows* xq = nullptr, XPack* pack = nullptr, bool bf16x = false) const {
     int64_t base = 0;
     for (const QWeight& w : parts) {
       const int64_t a = std::max(n0, base), b = std::min(n1, base + w.rows);
-      if (a < b && xq && has_q8_path(w.format)) matvec_q8(w, *xq, M, y + base, ldy, a - base, b - base);
+      if (a < b && xq && has_q8_path(w.format)) matvec_q8(w, *xq, M, y + base, ldy, a - base, b - base, pack);
       else if (a < b) matvec(w, x, M, cols, y + base, ldy, a - base, b - base, pack, bf16x);
       base += w.rows;
     }
@@ -373,7 +373,7 @@ class StepWork : public PhasedWork {
     XPack& x = packs[worker];
     if (x.tag != p) {
       x.tag = p;
-      x.ready = false;
+      x.invalidate();
     }
     return &x;
   }

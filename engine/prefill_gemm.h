@@ -28,6 +28,9 @@
 #define VOXLANE_GEMM 1
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
 #define VOXLANE_AMX 1
+#if defined(__AMX_INT8__) && defined(__AVX512VNNI__)
+#define VOXLANE_AMX_INT8 1  // int8 tiles for the int8-activation prompt path (q8_matmul.h)
+#endif
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -75,7 +78,16 @@ struct XPack {
   int64_t M = 0, K = 0, Kp = 0, tag = -1;
   int parts = 0;
   bool ready = false;
+  // Int8 activations (q8_matmul.h's Q8 blocks) as AMX int8 B tiles, packed by q8_matmul.h's pack_q8_tiles:
+  // per block of 16 rows and 32 k, [8][16 rows][4] bytes; d and s (the blocks' scales and d * sum(q))
+  // as [row blocks][K / 32][16] floats. Zeros past M.
+  std::vector<int8_t> q8;
+  std::vector<float> q8d, q8s;
+  bool q8_ready = false;
   int64_t blocks() const { return (M + 15) / 16; }
+
+  // A new input (the next phase's): nothing packed yet.
+  void invalidate() { ready = q8_ready = false; }
   const uint16_t* hi_tile(int64_t mb, int64_t kb) const { return hi.data() + (mb * (Kp / 2) + kb * 16) * 32; }
   const uint16_t* lo_tile(int64_t mb, int64_t kb) const { return lo.data() + (mb * (Kp / 2) + kb * 16) * 32; }
   const float* bsum_row(int64_t kb) const { return bsum.data() + kb * blocks() * 16; }

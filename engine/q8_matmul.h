@@ -28,6 +28,7 @@
 // time through 512-bit vectors, and their lanes are summed with vpermt2d instead of vphaddd.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -482,11 +483,303 @@ inline void matvec_q8_format(const QWeight& w, const Q8Rows& xq, int64_t M, floa
   }
 }
 
+// Activation rows from which the int8 tiles take a prompt chunk's products (below: the vector path).
+constexpr int64_t kQ8TileMinRows = 16;
+
+#if defined(VOXLANE_AMX_INT8)
+// ---- AMX int8 tiles for int8-activation prompt chunks (16+ rows) -----------------------------------------
+// TDPBSSD / TDPBUSD multiply a tile of signed / unsigned bytes A (16 rows x 4K) by a tile of signed
+// bytes B (K rows of 16 x 4 bytes) into 16 x 16 int32 sums. Here A = 16 weight rows of one 32-weight
+// sub-block (K = 32: rows of 32 bytes), B = the Q8 blocks of 16 activation rows at that sub-block
+// (8 rows of [16 activation rows][4 bytes], packed once per phase and worker: XPack::q8), so one
+// product is the 256 integer sums u . q of a sub-block (16 x 16 x 32 multiply-adds), stored, and the
+// epilogue applies the scales in fp32 as the vector path does, a * dx (+ c * s): per weight row n one
+// vector over the 16 activation rows, acc[n] += float(C[n]) * (a[n] * dx) (+ c[n] * s). The
+// weights of a panel of 16 rows are unpacked from the file's blocks (Q8Dot's u) into a per-worker
+// buffer once per task: the offset formats (Q8_0 as u = q + 128, Q4_0 / Q5_0's nibbles with c = -Z a)
+// as the signed u - Z (TDPBSSD, no min term), Q4_1 and Q4_K's nibbles as unsigned u with their c
+// (TDPBUSD). Q6_K's scales are per 16 weights (an int8 sc each, w = d sc (q - 32)): two products of
+// K = 16 per sub-block (A tiles of 16-byte rows; the B tile's first and last 4 rows), and the epilogue
+// adds both halves with a = d sc of each. The same integer sums as dot_rows_q8; the scales are applied
+// in another fp32 order (Q6_K: d sc in fp32, exact, instead of sc in the integer sum).
+namespace amx {
+
+template <class B> struct TileQ8 { static constexpr bool ok = false; };
+template <class B, bool S, int Z, bool H = false> struct TileQ8Of {
+  static constexpr bool ok = true, SIGNED = S;
+  static constexpr int ZERO = Z;  // SIGNED: the weight byte is u - ZERO (and c = -ZERO a is not applied)
+  static constexpr bool HALVES = H;  // a scale per 16 weights (Q6_K): sa for the first 16, sc the last
+};
+template <> struct TileQ8<gguf::BlockQ8_0> : TileQ8Of<gguf::BlockQ8_0, true, 128> {};  // Q8Dot's u = q ^ 0x80
+template <> struct TileQ8<gguf::BlockQ4_0> : TileQ8Of<gguf::BlockQ4_0, true, 8> {};
+template <> struct TileQ8<gguf::BlockQ5_0> : TileQ8Of<gguf::BlockQ5_0, true, 16> {};
+template <> struct TileQ8<gguf::BlockQ4_1> : TileQ8Of<gguf::BlockQ4_1, false, 0> {};
+template <> struct TileQ8<gguf::BlockQ4_K> : TileQ8Of<gguf::BlockQ4_K, false, 0> {};
+template <> struct TileQ8<gguf::BlockQ6_K> : TileQ8Of<gguf::BlockQ6_K, true, 32, true> {};  // u = the 6-bit q
+
+// Tiles: C0-C3 (16 x 16 int32), A0, A1 (16 weight rows x K bytes), B0, B1 (K / 4 rows x 64 bytes);
+// K = 32 (a sub-block), or 16 (half of one: Q6_K).
+template <int K> struct alignas(64) Q8TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, K, K, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, K / 4, K / 4};
+};
+
+// _tile_stored without gcc's "memory" clobber: the 1 KB it writes is the asm's output operand, so what
+// the compiler holds for other memory (the loop's pointers and scales, the accumulators it keeps on
+// the stack) is not written back and read again around every store (a clobber says any memory may have
+// changed). Tile loads read memory the compiler does not see: q8_weights puts a barrier after writing
+// their sources.
+#define VOXLANE_TILE_STORE(t, buf)                                                                     \
+  __asm__ volatile("{tilestored\t%%tmm" #t ", (%1,%2,1)|tilestored\t[%1+%2*1], %%tmm" #t "}"        \
+                   : "=m"(*reinterpret_cast<int32_t(*)[256]>(buf))                                     \
+                   : "r"(buf), "r"(64L))
+
+// xq's first M rows -> p.q8 / q8d / q8s (XPack), zeros past M.
+inline void pack_q8_tiles(const Q8Rows& xq, int64_t M, XPack& p) {
+  const int64_t J = xq.blocks(), mblocks = (M + 15) / 16;
+  p.q8.resize(static_cast<size_t>(mblocks * J * 512));
+  p.q8d.resize(static_cast<size_t>(mblocks * J * 16));
+  p.q8s.resize(static_cast<size_t>(mblocks * J * 16));
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i q_rows = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(xq.K)));
+  const __m512i s_rows = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(J)));
+  for (int64_t mb = 0; mb < mblocks; ++mb) {
+    const int64_t m0 = mb * 16, rows = std::min<int64_t>(16, M - m0);
+    const __mmask16 valid = static_cast<__mmask16>((1u << rows) - 1);
+    const int8_t* q = xq.q + m0 * xq.K;
+    for (int64_t j = 0; j < J; ++j) {
+      int8_t* tile = p.q8.data() + (mb * J + j) * 512;
+      for (int r = 0; r < 8; ++r)  // B row r: bytes 4r .. 4r + 3 of the block, of each of the 16 rows
+        _mm512_storeu_si512(tile + 64 * r, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, q_rows,
+                                                                     q + 32 * j + 4 * r, 1));
+      const int64_t at = (mb * J + j) * 16;
+      _mm512_storeu_ps(p.q8d.data() + at, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, s_rows, xq.d + m0 * J + j, 4));
+      _mm512_storeu_ps(p.q8s.data() + at, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, s_rows, xq.s + m0 * J + j, 4));
+    }
+  }
+  p.q8_ready = true;
+}
+
+// Weight rows [p0, p0 + rows) (rows <= 16) -> a [16][K] bytes (TileQ8's u or u - ZERO) and the
+// sub-blocks' scales sa, sc [K / 32][16] (rows past `rows`: zeros).
+template <class B>
+inline void unpack_q8_panel(const uint8_t* data, int64_t row_bytes, int64_t K, int64_t p0, int64_t rows, uint8_t* a,
+                            float* sa, float* sc) {
+  using T = TileQ8<B>;
+  constexpr int J = B::QK / kQ8;
+  const int64_t nblocks = K / B::QK;
+  if (rows < 16) {
+    std::memset(a + rows * K, 0, (16 - rows) * K);
+    for (int64_t j = 0; j < K / kQ8; ++j)
+      for (int64_t r = rows; r < 16; ++r) sa[j * 16 + r] = sc[j * 16 + r] = 0.f;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = data + (p0 + r) * row_bytes;
+    uint8_t* out = a + r * K;
+    for (int64_t blk = 0; blk < nblocks; ++blk)
+      Q8Dot<B>::blocks(row + blk * B::BYTES, [&](int j, __m256i u, __m256i, float scale, float min) {
+        const int64_t sub = blk * J + j;
+        if constexpr (T::SIGNED) u = _mm256_sub_epi8(u, _mm256_set1_epi8(static_cast<char>(T::ZERO)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kQ8 * sub), u);
+        if constexpr (T::HALVES) {  // Q6_K: d times the int8 scales of the sub-block's two halves
+          const int8_t* s16 = reinterpret_cast<const int8_t*>(row + blk * B::BYTES + 192) + 2 * j;
+          sa[sub * 16 + r] = scale * s16[0];
+          sc[sub * 16 + r] = scale * s16[1];
+        } else {
+          sa[sub * 16 + r] = scale;
+          sc[sub * 16 + r] = min;
+        }
+      });
+  }
+}
+
+// y[m, n] = xq[m] . W[n] (+ w.bias[n]) for weight rows [n0, n1) and M >= 16 rows of xq, in int8 tiles.
+// pack: the worker's (xq's tiles kept across the tasks of a phase), or null (packed for this call).
+template <class B>
+inline void q8_weights(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
+                       XPack* pack) {
+  using T = TileQ8<B>;
+  thread_local XPack own;
+  XPack& xp = pack ? *pack : own;
+  if (!pack || !xp.q8_ready) pack_q8_tiles(xq, M, xp);
+  const int64_t K = w.cols, J = K / kQ8, mblocks = (M + 15) / 16;
+  thread_local std::vector<uint8_t> a;
+  thread_local std::vector<float> sa, sc;
+  thread_local std::vector<int32_t> c;  // four 16 x 16 tiles of sums (two banks of two)
+  a.resize(16 * K);
+  sa.resize(16 * J);
+  sc.resize(16 * J);
+  c.resize(4 * 256 + 16);
+  int32_t* c0 = reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(c.data()) + 63) & ~uintptr_t(63));
+  __asm__("" : "+r"(c0));
+  // Plain pointers for the loops, made opaque (the empty asm): gcc otherwise re-reads them from the
+  // thread_locals inside the loops, a call to __tls_get_addr each time (and the accumulators spilled
+  // around the call).
+  uint8_t* ap = a.data();
+  float *sap = sa.data(), *scp = sc.data();
+  __asm__("" : "+r"(ap), "+r"(sap), "+r"(scp));
+  static const Q8TileConfig<T::HALVES ? 16 : 32> config;
+  _tile_loadconfig(&config);
+  // The first panel's bytes all asked for before its unpack reads them block by block (a task's first
+  // panel comes from memory: one miss at a time would leave the unpack waiting on each line in turn).
+  gemm::prefetch_panel(w.data, w.row_bytes, n0, std::min<int64_t>(n1, n0 + 16));
+  for (int64_t p0 = n0; p0 < n1; p0 += 16) {
+    const int64_t rows = std::min<int64_t>(16, n1 - p0);
+    unpack_q8_panel<B>(w.data, w.row_bytes, K, p0, rows, ap, sap, scp);
+    __asm__ volatile("" ::: "memory");  // the panel (and x's tiles) written before the tile loads read them
+    // The next panel's bytes into L2 a few lines per unit of products (in one burst the prefetches
+    // wait for free miss buffers, and nothing else runs meanwhile)
+    const char* ahead = reinterpret_cast<const char*>(w.data + (p0 + 16) * w.row_bytes);
+    const char* ahead_end = reinterpret_cast<const char*>(w.data + std::min<int64_t>(n1, p0 + 32) * w.row_bytes);
+    const int64_t units = mblocks * (T::HALVES ? J : (J + 1) / 2);
+    const int64_t per_unit = ahead < ahead_end ? ((ahead_end - ahead) / 64 + units) / units : 0;
+    auto prefetch_ahead = [&] {
+      for (int64_t i = 0; i < per_unit && ahead < ahead_end; ++i, ahead += 64) _mm_prefetch(ahead, _MM_HINT_T1);
+    };
+    const __mmask16 out_rows = static_cast<__mmask16>((1u << rows) - 1);
+    const __m512 bias = w.bias ? _mm512_maskz_loadu_ps(out_rows, w.bias + p0) : _mm512_setzero_ps();
+    for (int64_t mb = 0; mb < mblocks; ++mb) {
+      const int8_t* bt = xp.q8.data() + mb * J * 512;
+      const float *dx = xp.q8d.data() + mb * J * 16, *sx = xp.q8s.data() + mb * J * 16;
+      __m512 acc[16];
+      for (int n = 0; n < 16; ++n) acc[n] = _mm512_setzero_ps();
+      // acc[n] += float(C[n]) * (a[n] dx) + c[n] s for sub-block j (sums) and, when given, j + 1 (next):
+      // each accumulator read and written once for both
+      auto scale_add = [&](const int32_t* sums, const int32_t* next, int64_t j) {
+        const __m512 d0 = _mm512_loadu_ps(dx + j * 16), d1 = next ? _mm512_loadu_ps(dx + j * 16 + 16) : d0;
+        __m512 s0 = d0, s1 = d1;
+        if constexpr (!T::SIGNED) {
+          s0 = _mm512_loadu_ps(sx + j * 16);
+          s1 = next ? _mm512_loadu_ps(sx + j * 16 + 16) : s0;
+        }
+        const float *aj = sap + j * 16, *cj = scp + j * 16;
+        for (int n = 0; n < 16; ++n) {
+          __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + 16 * n)),
+                                     _mm512_mul_ps(_mm512_set1_ps(aj[n]), d0), acc[n]);
+          if constexpr (!T::SIGNED) v = _mm512_fmadd_ps(_mm512_set1_ps(cj[n]), s0, v);
+          if (next) {
+            v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(next + 16 * n)),
+                                _mm512_mul_ps(_mm512_set1_ps(aj[16 + n]), d1), v);
+            if constexpr (!T::SIGNED) v = _mm512_fmadd_ps(_mm512_set1_ps(cj[16 + n]), s1, v);
+          }
+          acc[n] = v;
+        }
+      };
+      // Q6_K: sums of the sub-block's first half (lo) and last half (hi), each with its own d sc
+      auto scale_add_halves = [&](const int32_t* lo, const int32_t* hi, int64_t j) {
+        const __m512 d = _mm512_loadu_ps(dx + j * 16);
+        const float *alo = sap + j * 16, *ahi = scp + j * 16;
+        for (int n = 0; n < 16; ++n) {
+          const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(lo + 16 * n)),
+                                           _mm512_mul_ps(_mm512_set1_ps(alo[n]), d), acc[n]);
+          acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(hi + 16 * n)),
+                                   _mm512_mul_ps(_mm512_set1_ps(ahi[n]), d), v);
+        }
+      };
+      // Units of two products: two sub-blocks (or a Q6_K sub-block's two halves) into one bank of two
+      // C tiles (bank 0: tiles 0, 1; bank 1: 2, 3), stored to that bank's two buffers. The products of
+      // unit u + 1 are issued before unit u's epilogue, so the tile unit works while the vector units
+      // apply the scales, and no epilogue waits on the product it reads. Tile numbers are immediates
+      // (gcc's intrinsics paste them into the instruction): macros. A tiles 4, 5; B tiles 6, 7.
+#define VOXLANE_Q8_PRODUCT(C, A, BT, j, a_at, b_at)                      \
+  do {                                                                   \
+    _tile_zero(C);                                                       \
+    _tile_loadd(A, ap + kQ8 * (j) + (a_at), K);                          \
+    _tile_loadd(BT, bt + (j) * 512 + (b_at), 64);                        \
+    if constexpr (T::SIGNED) _tile_dpbssd(C, A, BT);                     \
+    else _tile_dpbusd(C, A, BT);                                         \
+  } while (0)
+#define VOXLANE_Q8_ISSUE(C0, C1, u)                                      \
+  do {                                                                   \
+    if constexpr (T::HALVES) {                                           \
+      VOXLANE_Q8_PRODUCT(C0, 4, 6, (u), 0, 0);                           \
+      VOXLANE_Q8_PRODUCT(C1, 5, 7, (u), 16, 256);                        \
+    } else {                                                             \
+      VOXLANE_Q8_PRODUCT(C0, 4, 6, 2 * (u), 0, 0);                       \
+      VOXLANE_Q8_PRODUCT(C1, 5, 7, 2 * (u) + 1, 0, 0);                   \
+    }                                                                    \
+  } while (0)
+      auto epilogue = [&](int bank, int64_t u) {
+        int32_t* s0 = c0 + 512 * bank;
+        if constexpr (T::HALVES) {
+          scale_add_halves(s0, s0 + 256, u);
+        } else {
+          scale_add(s0, s0 + 256, 2 * u);
+        }
+      };
+      const int64_t U = T::HALVES ? J : J / 2;
+      int64_t u = 0;
+      if (U > 0) {
+        VOXLANE_Q8_ISSUE(0, 1, 0);
+        VOXLANE_TILE_STORE(0, c0);
+        VOXLANE_TILE_STORE(1, c0 + 256);
+      }
+      for (; u + 2 <= U; u += 2) {  // bank 0 holds unit u (stored)
+        VOXLANE_Q8_ISSUE(2, 3, u + 1);
+        prefetch_ahead();
+        epilogue(0, u);
+        VOXLANE_TILE_STORE(2, c0 + 512);
+        VOXLANE_TILE_STORE(3, c0 + 768);
+        const bool more = u + 2 < U;
+        if (more) VOXLANE_Q8_ISSUE(0, 1, u + 2);
+        prefetch_ahead();
+        epilogue(1, u + 1);
+        if (more) {
+          VOXLANE_TILE_STORE(0, c0);
+          VOXLANE_TILE_STORE(1, c0 + 256);
+        }
+      }
+      if (u < U) {
+        prefetch_ahead();
+        epilogue(0, u);
+      }
+      if (!T::HALVES && J % 2) {  // a lone last sub-block
+        VOXLANE_Q8_PRODUCT(0, 4, 6, J - 1, 0, 0);
+        VOXLANE_TILE_STORE(0, c0);
+        scale_add(c0, nullptr, J - 1);
+      }
+#undef VOXLANE_Q8_ISSUE
+#undef VOXLANE_Q8_PRODUCT
+      // acc[n] lanes = activation rows: transposed, each activation row's 16 outputs in one masked store
+      gemm::transpose16(acc);
+      const int64_t m0 = mb * 16, m1 = std::min(M, m0 + 16);
+      for (int64_t m = m0; m < m1; ++m)
+        _mm512_mask_storeu_ps(y + m * ldy + p0, out_rows, _mm512_add_ps(acc[m - m0], bias));
+    }
+  }
+  _tile_release();
+}
+
+}  // namespace amx
+#endif
+
+// Whether format's int8-activation products of kQ8TileMinRows+ rows run in AMX int8 tiles here (AMX
+// allowed and usable, and the format has them); elsewhere the vector path (dot_rows_q8).
+inline bool q8_tiles(int64_t format) {
+  bool ok = false;
+#if defined(VOXLANE_AMX_INT8)
+  gguf::with_format(format, [&](auto block) {
+    if constexpr (amx::TileQ8<decltype(block)>::ok) ok = amx_runs();
+  });
+#else
+  (void)format;
+#endif
+  return ok;
+}
+
 // y[m, n] = xq[m] . W[n] for rows n in [n0, n1) and M rows of xq (groups of 8); xq.K == w.cols.
-// A format without an integer path (has_q8_path false) is not computed: callers check.
-inline void matvec_q8(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+// A format without an integer path (has_q8_path false) is not computed: callers check. From
+// kQ8TileMinRows rows on, AMX int8 tiles where q8_tiles(format); pack: the worker's XPack for xq.
+inline void matvec_q8(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
+                      XPack* pack = nullptr) {
   gguf::with_format(w.format, [&](auto block) {
     using B = decltype(block);
+#if defined(VOXLANE_AMX_INT8)
+    if constexpr (amx::TileQ8<B>::ok)
+      if (M >= kQ8TileMinRows && amx_runs()) return amx::q8_weights<B>(w, xq, M, y, ldy, n0, n1, pack);
+#endif
+    (void)pack;
     if constexpr (is_q8_block<B>()) {
       for (int64_t m = 0; m < M; m += 8)
         matvec_q8_format<B>(w, xq.at_row(m), M - m < 8 ? M - m : 8, y + m * ldy, ldy, n0, n1);

@@ -3,6 +3,7 @@
 //   quant_linear_q8(x, w, format, K, bias?) -> [M, N] f32   x quantized to Q8 blocks first (q8_matmul.h)
 //   quant_linear_bf16x(x, w, format, K, row_scale?, bias?)   bf16 activations where the format has them
 //                                                            (prefill_gemm.h; bf16_activation_tiles(format))
+//                                                            (from 16 rows: AMX int8 tiles where q8_activation_tiles)
 //   quant_dequantize(w, format, K) -> [N, K] f32          (tests; the readable twin is in Python)
 //   quant_embedding(w, format, K, ids [n] int64) -> [n, K] f32
 // Registered next to the decode kernels of kernels.cpp (same library, built together).
@@ -99,6 +100,9 @@ at::Tensor quant_linear_q8(const at::Tensor& x, const at::Tensor& w, int64_t for
   return y;
 }
 
+// Whether format's int8-activation products of 16+ rows run in AMX int8 tiles here (q8_matmul.h).
+bool q8_activation_tiles(int64_t format) { return q8_tiles(format); }
+
 // Allow or forbid AMX in the prompt path's GEMM (prefill_gemm.h) -> whether AMX runs now (allowed and
 // granted by the OS on a machine that has it).
 bool set_prefill_amx(bool allowed) {
@@ -139,6 +143,7 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
   m.def("quant_linear_q8(Tensor x, Tensor w, int format, int cols, Tensor? bias) -> Tensor");
   m.def("quant_linear_bf16x(Tensor x, Tensor w, int format, int cols, Tensor? row_scale, Tensor? bias) -> Tensor");
   m.def("bf16_activation_tiles(int format) -> bool", &voxlane::bf16_activation_tiles);
+  m.def("q8_activation_tiles(int format) -> bool", &voxlane::q8_activation_tiles);
   m.def("quant_dequantize(Tensor w, int format, int cols) -> Tensor");
   m.def("set_prefill_amx(bool allowed) -> bool", &voxlane::set_prefill_amx);  // no tensor: not per device
   m.def("quant_embedding(Tensor w, int format, int cols, Tensor? row_scale, Tensor ids) -> Tensor");
