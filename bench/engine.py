@@ -40,6 +40,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="--peer: ours with EngineConfig.int8_activations (needs --quant native)")
     parser.add_argument("--bf16-activations", action="store_true",
                         help="--peer: ours with EngineConfig.bf16_activations (needs --quant native)")
+    parser.add_argument("--int16-activations", action="store_true",
+                        help="--peer: ours with EngineConfig.int16_activations (needs --quant native)")
     parser.add_argument("--_group", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -182,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         from engine.native_weights import native_gguf_path
 
         result = compare(model_dir, native_gguf_path(model_dir), settings, args.quant, log=sys.stderr,
-                         int8_activations=args.int8_activations, bf16_activations=args.bf16_activations)
+                         int8_activations=args.int8_activations, bf16_activations=args.bf16_activations,
+                         int16_activations=args.int16_activations)
         print(json.dumps(result, indent=2) if args.json else format_peer(result, settings))
         return 0
     if args._group:  # child process of an isolated run

@@ -77,4 +77,5 @@ def build_decoder(model: Transformer, cache: KVCacheTensors):
     decoder.add_linear(-1, "embed", *embedding_segment(model.embed), None)
     decoder.set_int8_activations(bool(model.int8_activations))
     decoder.set_bf16_activations(bool(model.bf16_activations))
+    decoder.set_int16_activations(bool(getattr(model, "int16_activations", False)))
     return decoder

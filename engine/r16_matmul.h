@@ -1,0 +1,326 @@
+// Int16 activations through VNNI, on weights in a 16-row interleaved layout ("R16"):
+// EngineConfig.int16_activations, the one-call step's decoding batches (1-8 rows; decode_step.cpp).
+//
+// Why: at batch 1 the fp32-activation GEMV (gemv512.h) spends ~7 instructions per 32 weights and a
+// SmolLM2 step is instruction-bound (one core streams its 96 MB at ~24 GB/s, the kernel at about half).
+// llama.cpp's int8 activations (q8_matmul.h) take ~1-2 but fail our quality report on SmolLM2 (top-1
+// 0.933-0.943); bf16-rounded activations pass (1.000). Int16 activations are finer than bf16 and still
+// run in vpdpbusd (u8 x s8 -> int32, 64 products per instruction), in two parts:
+//
+// ACTIVATIONS. Per block of 32 values of a row: s = amax / 16256, Q = round(x * (1 / s)) (fp32, ties
+// to even) in [-16256, 16256], split Q = 128 q1 + q2 with q1 = (Q + 64) >> 7 in [-127, 127] and
+// q2 = Q - 128 q1 in [-64, 63], both int8. x^ = s Q is within s / 2 = amax / 32512 of x (bf16 rounds to
+// 2^-9 of the value). Kept per block: s, sx = s * sum(Q) (the block's sum of x^, for Q4_1's min) and
+// sumq = sum(Q) (Q8_0's offset). For weight bytes u: sum_k u_k Q_k = 128 dpbusd(u, q1) + dpbusd(u, q2),
+// two int32 accumulators combined per block by a shift and an add (|sum| <= 32 * 255 * 16256 < 2^31).
+//
+// WEIGHTS (R16), built once from the file's blocks, same bytes per weight. Rows in groups of 16; a
+// group's bytes are its lines (64 bytes each, block by block) then its scales (block by block):
+//   Q4_1  block b: 4 lines, line j = for row r = 0..15 the 4 bytes qs[4j..4j+3] of row r's block
+//         (low nibbles: weights 4j..4j+3, high nibbles: weights 16+4j..16+4j+3); scales: d[16] then
+//         m[16] fp16 (64 bytes). w = d u + m.
+//   Q4_0  as Q4_1 with d[16] only (32 bytes); w = d (u - 8).
+//   Q8_0  block b: 8 lines, line j = for each row r the bytes of weights 4j..4j+3 stored as
+//         u = q + 128 (q xor 0x80); scales: d[16] fp16 (32 bytes). w = d (u - 128).
+// Lanes are rows: vpdpbusd(acc, line, broadcast of 4 bytes of q1) is 16 rows x 4 weights, and a block's
+// 16 scales are one vcvtph2ps: no horizontal sums, no per-row scale shuffles. Per block of 16 rows:
+// dot = d s (128 A1 + A2) (+ m sx for Q4_1), with the offsets (-8 sumq, -128 sumq) as the A2
+// accumulator's starting value. ~2.2 instructions per 32 weights per row at one activation row; with
+// 2-8 rows a line is unpacked once and feeds two vpdpbusd per row. Q8_0's lines are, over a whole row
+// group, AMX's VNNI B-tile rows (16 columns x 4 consecutive K bytes, unsigned: TDPBSUD); Q4's lines hold
+// the nibble pairs (k, k + 16) of 4 consecutive k instead.
+//
+// The result is dequantize(W) . x^ up to fp32 rounding (the tests' twin). Needs AVX-512 F/BW/VNNI and
+// F16C at compile time (-march=native, so this CPU's); elsewhere a scalar version of the same integer
+// sums runs (correct, slow).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "gguf_blocks.h"
+
+#if defined(VOXLANE_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define VOXLANE_R16_VNNI 1
+#endif
+
+namespace voxlane::r16 {
+
+constexpr int64_t kRows = 16;   // weight rows per group (the vector's int32 lanes)
+constexpr int64_t kBlock = 32;  // activation values per int16 block
+constexpr int kQMax = 16256;    // 128 * 127: |Q| <= kQMax
+
+// Rows of activations as int16 blocks: q1, q2 [rows, K] int8; s, sx [rows, K / 32] fp32; sumq
+// [rows, K / 32] int32 (row-major).
+struct I16Rows {
+  int8_t *q1 = nullptr, *q2 = nullptr;
+  float *s = nullptr, *sx = nullptr;
+  int32_t* sumq = nullptr;
+  int64_t K = 0;
+  int64_t blocks() const { return K / kBlock; }
+  I16Rows at_row(int64_t m) const {
+    return {q1 + m * K, q2 + m * K, s + m * blocks(), sx + m * blocks(), sumq + m * blocks(), K};
+  }
+};
+
+// x[0, n) (n a multiple of 32) -> blocks 0.. of `row` starting at value c0 (a multiple of 32).
+inline void quantize(const float* x, int64_t n, const I16Rows& row, int64_t c0) {
+  for (int64_t b = 0; b < n / kBlock; ++b) {
+    const float* xb = x + kBlock * b;
+    const int64_t at = c0 + kBlock * b, blk = at / kBlock;
+    int sum = 0;
+    float scale;
+#if defined(VOXLANE_R16_VNNI)
+    const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    scale = amax / static_cast<float>(kQMax);
+    const float inverse = scale != 0.f ? 1.f / scale : 0.f;
+    const __m512 inv = _mm512_set1_ps(inverse);
+    const __m512i lim = _mm512_set1_epi32(kQMax), nlim = _mm512_set1_epi32(-kQMax);
+    __m512i q[2];
+    q[0] = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv));  // the MXCSR's rounding: to nearest, ties to even
+    q[1] = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+    for (int h = 0; h < 2; ++h) {
+      q[h] = _mm512_max_epi32(_mm512_min_epi32(q[h], lim), nlim);
+      const __m512i hi = _mm512_srai_epi32(_mm512_add_epi32(q[h], _mm512_set1_epi32(64)), 7);
+      const __m512i lo = _mm512_sub_epi32(q[h], _mm512_slli_epi32(hi, 7));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(row.q1 + at + 16 * h), _mm512_cvtepi32_epi8(hi));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(row.q2 + at + 16 * h), _mm512_cvtepi32_epi8(lo));
+    }
+    sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+#else
+    float amax = 0.f;
+    for (int k = 0; k < kBlock; ++k) amax = std::fmax(amax, std::fabs(xb[k]));
+    scale = amax / static_cast<float>(kQMax);
+    const float inverse = scale != 0.f ? 1.f / scale : 0.f;
+    for (int k = 0; k < kBlock; ++k) {
+      int Q = static_cast<int>(std::nearbyint(xb[k] * inverse));
+      Q = Q > kQMax ? kQMax : (Q < -kQMax ? -kQMax : Q);
+      const int hi = (Q + 64) >> 7;  // arithmetic shift: floor
+      row.q1[at + k] = static_cast<int8_t>(hi);
+      row.q2[at + k] = static_cast<int8_t>(Q - 128 * hi);
+      sum += Q;
+    }
+#endif
+    row.s[blk] = scale;
+    row.sx[blk] = scale * static_cast<float>(sum);
+    row.sumq[blk] = sum;
+  }
+}
+
+// M rows of x (row stride ldx) -> rows of xi (whole rows).
+inline void quantize_rows(const float* x, int64_t M, int64_t ldx, const I16Rows& xi) {
+  for (int64_t m = 0; m < M; ++m) quantize(x + m * ldx, xi.K, xi.at_row(m), 0);
+}
+
+// A format's R16 geometry: lines of 64 bytes per block, scale bytes per block, the offset (w = d (u -
+// kOffset)) and whether it has a min m (w = d u + m).
+template <class B> struct Layout { static constexpr bool kHas = false; };
+template <> struct Layout<gguf::BlockQ4_1> {
+  static constexpr bool kHas = true, kMin = true, kNibbles = true;
+  static constexpr int kLines = 4, kScaleBytes = 64, kOffset = 0, kQs = 4;
+};
+template <> struct Layout<gguf::BlockQ4_0> {
+  static constexpr bool kHas = true, kMin = false, kNibbles = true;
+  static constexpr int kLines = 4, kScaleBytes = 32, kOffset = 8, kQs = 2;
+};
+template <> struct Layout<gguf::BlockQ8_0> {
+  static constexpr bool kHas = true, kMin = false, kNibbles = false;
+  static constexpr int kLines = 8, kScaleBytes = 32, kOffset = 128, kQs = 2;
+};
+
+template <class B> constexpr bool has_layout() { return Layout<B>::kHas; }
+
+inline bool has_layout(int64_t format) {
+  bool ok = false;
+  gguf::with_format(format, [&](auto block) { ok = has_layout<decltype(block)>(); });
+  return ok;
+}
+
+// A matrix's groups of 16 rows in the R16 layout (rows / 16 groups; rows % 16 == 0).
+struct Weight {
+  int64_t format = -1, rows = 0, cols = 0, nblocks = 0, group_bytes = 0, lines_bytes = 0;
+  std::unique_ptr<uint8_t, decltype(&std::free)> data{nullptr, &std::free};
+  const uint8_t* group(int64_t g) const { return data.get() + g * group_bytes; }
+};
+
+// The file's rows (rows x row_bytes of blocks of format B, rows % 16 == 0) -> R16.
+template <class B>
+inline void build_format(int64_t format, const uint8_t* w, int64_t rows, int64_t cols, int64_t row_bytes, Weight& out) {
+  using Lay = Layout<B>;
+  static_assert(B::QK == 32, "32-weight blocks");
+  const int64_t nblocks = cols / B::QK;
+  out.format = format;
+  out.rows = rows;
+  out.cols = cols;
+  out.nblocks = nblocks;
+  out.lines_bytes = nblocks * Lay::kLines * 64;
+  out.group_bytes = out.lines_bytes + nblocks * Lay::kScaleBytes;  // == 16 * row_bytes
+  const int64_t total = rows / kRows * out.group_bytes;
+  out.data.reset(static_cast<uint8_t*>(std::aligned_alloc(64, (total + 63) / 64 * 64)));
+  for (int64_t g = 0; g < rows / kRows; ++g) {
+    uint8_t* lines = out.data.get() + g * out.group_bytes;
+    uint8_t* scales = lines + out.lines_bytes;
+    for (int64_t b = 0; b < nblocks; ++b)
+      for (int64_t r = 0; r < kRows; ++r) {
+        const uint8_t* src = w + (g * kRows + r) * row_bytes + b * B::BYTES;
+        for (int j = 0; j < Lay::kLines; ++j) {
+          uint8_t* dst = lines + (b * Lay::kLines + j) * 64 + 4 * r;
+          std::memcpy(dst, src + Lay::kQs + 4 * j, 4);
+          if constexpr (!Lay::kNibbles)
+            for (int t = 0; t < 4; ++t) dst[t] ^= 0x80;  // u = q + 128
+        }
+        uint8_t* sc = scales + b * Lay::kScaleBytes;
+        std::memcpy(sc + 2 * r, src, 2);                          // d
+        if constexpr (Lay::kMin) std::memcpy(sc + 32 + 2 * r, src + 2, 2);  // m
+      }
+  }
+}
+
+// Builds the R16 copy of a matrix of `format` (has_layout(format), rows % 16 == 0).
+inline void build(int64_t format, const uint8_t* w, int64_t rows, int64_t cols, int64_t row_bytes, Weight& out) {
+  gguf::with_format(format, [&](auto block) {
+    using B = decltype(block);
+    if constexpr (has_layout<B>()) build_format<B>(format, w, rows, cols, row_bytes, out);
+  });
+}
+
+#if defined(VOXLANE_R16_VNNI)
+inline __m512i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// out[m * ldy + r] = dot(x row m, group row r) for the 16 rows of one group and MB activation rows.
+template <class B, int MB>
+inline void group_dot(const uint8_t* group, const Weight& w, const I16Rows& x, float* y, int64_t ldy,
+                      const uint8_t* ahead) {
+  using Lay = Layout<B>;
+  const int64_t K = x.K, nb = w.nblocks;
+  const uint8_t* scales = group + w.lines_bytes;
+  __m512 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* lines = group + b * Lay::kLines * 64;
+    __m512i a1[MB], a2[MB];
+    for (int m = 0; m < MB; ++m) {
+      a1[m] = _mm512_setzero_si512();
+      const int32_t start = Lay::kOffset ? -Lay::kOffset * x.sumq[m * nb + b] : 0;
+      a2[m] = _mm512_set1_epi32(start);
+    }
+    for (int j = 0; j < Lay::kLines; ++j) {
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + (b * Lay::kLines + j) * 64), _MM_HINT_T0);
+      const __m512i v = _mm512_loadu_si512(lines + 64 * j);
+      if constexpr (Lay::kNibbles) {
+        const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        for (int m = 0; m < MB; ++m) {
+          const int8_t *q1 = x.q1 + m * K + kBlock * b + 4 * j, *q2 = x.q2 + m * K + kBlock * b + 4 * j;
+          a1[m] = _mm512_dpbusd_epi32(a1[m], lo, bcast4(q1));
+          a2[m] = _mm512_dpbusd_epi32(a2[m], lo, bcast4(q2));
+          a1[m] = _mm512_dpbusd_epi32(a1[m], hi, bcast4(q1 + 16));
+          a2[m] = _mm512_dpbusd_epi32(a2[m], hi, bcast4(q2 + 16));
+        }
+      } else {
+        for (int m = 0; m < MB; ++m) {
+          const int8_t *q1 = x.q1 + m * K + kBlock * b + 4 * j, *q2 = x.q2 + m * K + kBlock * b + 4 * j;
+          a1[m] = _mm512_dpbusd_epi32(a1[m], v, bcast4(q1));
+          a2[m] = _mm512_dpbusd_epi32(a2[m], v, bcast4(q2));
+        }
+      }
+    }
+    const uint8_t* sc = scales + b * Lay::kScaleBytes;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
+    __m512 mn;
+    if constexpr (Lay::kMin) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)));
+    for (int m = 0; m < MB; ++m) {
+      const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(a1[m], 7), a2[m]);
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(x.s[m * nb + b])), acc[m]);
+      if constexpr (Lay::kMin) acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(x.sx[m * nb + b]), acc[m]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) _mm512_storeu_ps(y + m * ldy, acc[m]);
+}
+#endif
+
+// The same sums in scalar code (no AVX-512 VNNI): integer products per block, as the vector path.
+template <class B>
+inline void group_dot_scalar(const uint8_t* group, const Weight& w, const I16Rows& x, int64_t M, float* y,
+                             int64_t ldy) {
+  using Lay = Layout<B>;
+  const int64_t K = x.K, nb = w.nblocks;
+  const uint8_t* scales = group + w.lines_bytes;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t r = 0; r < kRows; ++r) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* lines = group + b * Lay::kLines * 64;
+        const int8_t *q1 = x.q1 + m * K + kBlock * b, *q2 = x.q2 + m * K + kBlock * b;
+        int32_t a1 = 0, a2 = Lay::kOffset ? -Lay::kOffset * x.sumq[m * nb + b] : 0;
+        for (int j = 0; j < Lay::kLines; ++j)
+          for (int t = 0; t < 4; ++t) {
+            const uint8_t byte = lines[64 * j + 4 * r + t];
+            if constexpr (Lay::kNibbles) {
+              const int lo = byte & 0xf, hi = byte >> 4, k = 4 * j + t;
+              a1 += lo * q1[k] + hi * q1[k + 16];
+              a2 += lo * q2[k] + hi * q2[k + 16];
+            } else {
+              const int k = 4 * j + t;
+              a1 += byte * q1[k];
+              a2 += byte * q2[k];
+            }
+          }
+        const uint8_t* sc = scales + b * Lay::kScaleBytes;
+        const float d = gguf::half_to_float(sc + 2 * r);
+        acc += static_cast<float>(a1 * 128 + a2) * (d * x.s[m * nb + b]);
+        if constexpr (Lay::kMin) acc += gguf::half_to_float(sc + 32 + 2 * r) * x.sx[m * nb + b];
+      }
+      y[m * ldy + r] = acc;
+    }
+}
+
+// y[m, n] = x^[m] . W[n] for rows n in [n0, n1) (multiples of 16) and M <= 8 rows of x.
+template <class B, int MB>
+inline void matvec_groups(const Weight& w, const I16Rows& x, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  for (int64_t g = n0 / kRows; g < n1 / kRows; ++g) {
+#if defined(VOXLANE_R16_VNNI)
+    // the group 4 KB (at least one group) ahead, one line per line read
+    const int64_t ahead_groups = (4096 + w.group_bytes - 1) / w.group_bytes;
+    const uint8_t* ahead = w.group(std::min(g + ahead_groups, w.rows / kRows - 1));
+    group_dot<B, MB>(w.group(g), w, x, y + g * kRows, ldy, ahead);
+#else
+    group_dot_scalar<B>(w.group(g), w, x, MB, y + g * kRows, ldy);
+#endif
+  }
+}
+
+template <class B>
+inline void matvec_format(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  switch (M) {
+    case 1: return matvec_groups<B, 1>(w, x, y, ldy, n0, n1);
+    case 2: return matvec_groups<B, 2>(w, x, y, ldy, n0, n1);
+    case 3: return matvec_groups<B, 3>(w, x, y, ldy, n0, n1);
+    case 4: return matvec_groups<B, 4>(w, x, y, ldy, n0, n1);
+    case 5: return matvec_groups<B, 5>(w, x, y, ldy, n0, n1);
+    case 6: return matvec_groups<B, 6>(w, x, y, ldy, n0, n1);
+    case 7: return matvec_groups<B, 7>(w, x, y, ldy, n0, n1);
+    default: return matvec_groups<B, 8>(w, x, y, ldy, n0, n1);
+  }
+}
+
+// y[m, n] = x^[m] . W[n] (no bias) for rows n in [n0, n1) (multiples of 16) and M rows of x (groups of 8).
+inline void matvec(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  gguf::with_format(w.format, [&](auto block) {
+    using B = decltype(block);
+    if constexpr (has_layout<B>())
+      for (int64_t m = 0; m < M; m += 8)
+        matvec_format<B>(w, x.at_row(m), M - m < 8 ? M - m : 8, y + m * ldy, ldy, n0, n1);
+  });
+}
+
+}  // namespace voxlane::r16
