@@ -237,20 +237,29 @@ class NativeDecoder : public torch::CustomClassHolder {
   void keep(std::initializer_list<at::Tensor> tensors) { owned_.insert(owned_.end(), tensors); }
 
   // The R16 copy of every matrix part that has the layout (once).
+  // One arena (huge pages) holds them all, in the order a step reads them.
   void build_r16() {
-    auto build = [&](Linear& linear) {
+    std::vector<std::pair<Linear*, size_t>> todo;
+    auto collect = [&](Linear& linear) {
       for (size_t i = 0; i < linear.parts.size(); ++i) {
         const QWeight& w = linear.parts[i];
-        if (linear.r16[i] || !r16::has_layout(w.format) || w.rows % r16::kRows != 0) continue;
-        auto copy = std::make_shared<r16::Weight>();
-        r16::build(w.format, w.data, w.rows, w.cols, w.row_bytes, *copy);
-        r16_bytes_ += w.rows * w.row_bytes;
-        linear.r16[i] = std::move(copy);
+        if (!linear.r16[i] && r16::has_layout(w.format) && w.rows % r16::kRows == 0) todo.emplace_back(&linear, i);
       }
     };
     for (Layer& l : layer_)
-      for (Linear* linear : {&l.qkv, &l.o, &l.gate_up, &l.down}) build(*linear);
-    build(head);
+      for (Linear* linear : {&l.qkv, &l.o, &l.gate_up, &l.down}) collect(*linear);
+    collect(head);
+    if (todo.empty()) return;
+    size_t bytes = 0;
+    for (auto [linear, i] : todo) bytes += (r16::bytes_of(linear->parts[i].rows, linear->parts[i].row_bytes) + 63) / 64 * 64;
+    auto arena = std::make_shared<r16::Arena>(bytes);
+    for (auto [linear, i] : todo) {
+      const QWeight& w = linear->parts[i];
+      auto copy = std::make_shared<r16::Weight>();
+      r16::build(w.format, w.data, w.rows, w.cols, w.row_bytes, *copy, arena);
+      r16_bytes_ += r16::bytes_of(w.rows, w.row_bytes);
+      linear->r16[i] = std::move(copy);
+    }
   }
 
   Layer& layer_at(int64_t layer) {

@@ -41,6 +41,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "gguf_blocks.h"
 
@@ -141,16 +146,63 @@ inline bool has_layout(int64_t format) {
   return ok;
 }
 
-// A matrix's groups of 16 rows in the R16 layout (rows / 16 groups; rows % 16 == 0).
-struct Weight {
-  int64_t format = -1, rows = 0, cols = 0, nblocks = 0, group_bytes = 0, lines_bytes = 0;
-  std::unique_ptr<uint8_t, decltype(&std::free)> data{nullptr, &std::free};
-  const uint8_t* group(int64_t g) const { return data.get() + g * group_bytes; }
+// Memory for R16 copies: one anonymous mapping, asked for as transparent huge pages (2 MB; as
+// native_weights.py's BlockArena for the file's blocks: a decode step streams all of it once, and with
+// 4 KB pages that is a TLB miss and a stopped hardware prefetch every 4 KB). Pieces are 64-byte aligned.
+class Arena {
+ public:
+  static constexpr size_t kHuge = size_t(2) << 20;
+  explicit Arena(size_t bytes) : size_((bytes + kHuge - 1) / kHuge * kHuge) {
+#if defined(__linux__)
+    void* p = mmap(nullptr, size_ + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED) {
+      map_ = static_cast<uint8_t*>(p);
+      base_ = map_ + (kHuge - reinterpret_cast<uintptr_t>(map_) % kHuge) % kHuge;
+      madvise(base_, size_, MADV_HUGEPAGE);  // a hint: plain pages where the kernel does not allow it
+      return;
+    }
+#endif
+    base_ = static_cast<uint8_t*>(std::aligned_alloc(64, size_));
+  }
+  ~Arena() {
+#if defined(__linux__)
+    if (map_) {
+      munmap(map_, size_ + kHuge);
+      return;
+    }
+#endif
+    std::free(base_);
+  }
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  uint8_t* take(size_t bytes) {
+    uint8_t* p = base_ + used_;
+    used_ += (bytes + 63) / 64 * 64;
+    if (used_ > size_ || !base_) throw std::bad_alloc();
+    return p;
+  }
+
+ private:
+  size_t size_, used_ = 0;
+  uint8_t *map_ = nullptr, *base_ = nullptr;
 };
 
-// The file's rows (rows x row_bytes of blocks of format B, rows % 16 == 0) -> R16.
+// A matrix's groups of 16 rows in the R16 layout (rows / 16 groups; rows % 16 == 0), in an Arena
+// shared by all the copies of one decoder.
+struct Weight {
+  int64_t format = -1, rows = 0, cols = 0, nblocks = 0, group_bytes = 0, lines_bytes = 0;
+  uint8_t* data = nullptr;
+  std::shared_ptr<Arena> arena;
+  const uint8_t* group(int64_t g) const { return data + g * group_bytes; }
+};
+
+// The R16 copy's bytes of a matrix (the same as the file's).
+inline int64_t bytes_of(int64_t rows, int64_t row_bytes) { return rows * row_bytes; }
+
+// The file's rows (rows x row_bytes of blocks of format B, rows % 16 == 0) -> R16, taken from `arena`.
 template <class B>
-inline void build_format(int64_t format, const uint8_t* w, int64_t rows, int64_t cols, int64_t row_bytes, Weight& out) {
+inline void build_format(int64_t format, const uint8_t* w, int64_t rows, int64_t cols, int64_t row_bytes, Weight& out,
+                         const std::shared_ptr<Arena>& arena) {
   using Lay = Layout<B>;
   static_assert(B::QK == 32, "32-weight blocks");
   const int64_t nblocks = cols / B::QK;
@@ -160,10 +212,10 @@ inline void build_format(int64_t format, const uint8_t* w, int64_t rows, int64_t
   out.nblocks = nblocks;
   out.lines_bytes = nblocks * Lay::kLines * 64;
   out.group_bytes = out.lines_bytes + nblocks * Lay::kScaleBytes;  // == 16 * row_bytes
-  const int64_t total = rows / kRows * out.group_bytes;
-  out.data.reset(static_cast<uint8_t*>(std::aligned_alloc(64, (total + 63) / 64 * 64)));
+  out.arena = arena;
+  out.data = arena->take(rows / kRows * out.group_bytes);
   for (int64_t g = 0; g < rows / kRows; ++g) {
-    uint8_t* lines = out.data.get() + g * out.group_bytes;
+    uint8_t* lines = out.data + g * out.group_bytes;
     uint8_t* scales = lines + out.lines_bytes;
     for (int64_t b = 0; b < nblocks; ++b)
       for (int64_t r = 0; r < kRows; ++r) {
@@ -181,11 +233,13 @@ inline void build_format(int64_t format, const uint8_t* w, int64_t rows, int64_t
   }
 }
 
-// Builds the R16 copy of a matrix of `format` (has_layout(format), rows % 16 == 0).
-inline void build(int64_t format, const uint8_t* w, int64_t rows, int64_t cols, int64_t row_bytes, Weight& out) {
+// Builds the R16 copy of a matrix of `format` (has_layout(format), rows % 16 == 0) in `arena` (null: its own).
+inline void build(int64_t format, const uint8_t* w, int64_t rows, int64_t cols, int64_t row_bytes, Weight& out,
+                  std::shared_ptr<Arena> arena = nullptr) {
+  if (!arena) arena = std::make_shared<Arena>(bytes_of(rows, row_bytes));
   gguf::with_format(format, [&](auto block) {
     using B = decltype(block);
-    if constexpr (has_layout<B>()) build_format<B>(format, w, rows, cols, row_bytes, out);
+    if constexpr (has_layout<B>()) build_format<B>(format, w, rows, cols, row_bytes, out, arena);
   });
 }
 
