@@ -14,8 +14,8 @@
 // blocks (q8_matmul.h; per block of 32, so a task quantizes exactly the values it wrote), and the
 // GGUF-format weights multiply those with integer dot products (llama.cpp's way); or with
 // set_int16_activations(true), in decoding batches (<= 8 rows) the same phases quantize the inputs to
-// int16 blocks and the Q4_0 / Q4_1 / Q8_0 weights multiply them through VNNI from a 16-row
-// interleaved copy (r16_matmul.h) built when the flag is first set.
+// int16 blocks and the Q4_0 / Q4_1 / Q8_0 weights multiply them through VNNI in their 16-row
+// interleaved layout (r16_matmul.h; the model's tensors packed in place, add_linear's r16 flag).
 // Shapes: B sequences, D hidden, H / Hkv heads, d head dim, I intermediate, V vocabulary,
 // S cache slots, L positions per slot.
 #include <ATen/ATen.h>
@@ -45,7 +45,7 @@ QWeight qweight_of(const at::Tensor& w, int64_t format, int64_t cols, const c10:
 // A linear layer as row segments (q | k | v, gate | up), possibly of different formats.
 struct Linear {
   std::vector<QWeight> parts;
-  std::vector<std::shared_ptr<r16::Weight>> r16;  // per part: its R16 copy (int16 activations) or null
+  std::vector<r16::Weight> r16;  // per part: its R16 view when its bytes are in that layout (data null: not)
   int64_t rows = 0, cols = 0;
   const float* bias = nullptr;
 
@@ -53,8 +53,9 @@ struct Linear {
   // as Q8 blocks), the segments of a GGUF block format use the integer path.
   // pack: x's bf16 tiles for the prefill GEMM's AMX path (one per worker, tagged by phase).
   // bf16x: bf16 activations for the formats that have them (quant_matmul.h's matvec).
-  // xi (x as int16 blocks, M <= 8): the segments with an R16 copy multiply it in their whole groups of
-  // 16 rows within [n0, n1) (r16_matmul.h); rows outside such groups keep the fp32 path.
+  // xi (x as int16 blocks, M <= 8): the segments in the R16 layout multiply it in their whole groups of
+  // 16 rows within [n0, n1) (r16_matmul.h). Every other product with an R16 segment (prompt chunks,
+  // fp32 or int8 activations, rows outside whole groups) unpacks its rows to the file's blocks first.
   void run(const float* x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
            const Q8Rows* xq = nullptr, XPack* pack = nullptr, bool bf16x = false,
            const r16::I16Rows* xi = nullptr) const {
@@ -62,25 +63,45 @@ struct Linear {
     for (size_t i = 0; i < parts.size(); ++i) {
       const QWeight& w = parts[i];
       const int64_t a = std::max(n0, base) - base, b = std::min(n1, base + w.rows) - base;
-      if (a < b && xi && r16[i]) {
-        const int64_t g0 = (a + r16::kRows - 1) / r16::kRows * r16::kRows, g1 = b / r16::kRows * r16::kRows;
+      float* yw = y + base;
+      if (a < b && r16[i].data) {
+        const int64_t g0 = xi ? (a + r16::kRows - 1) / r16::kRows * r16::kRows : b, g1 = xi ? b / r16::kRows * r16::kRows : b;
         if (g0 < g1) {
-          r16::matvec(*r16[i], *xi, M, y + base, ldy, g0, g1);
-          if (a < g0) matvec(w, x, M, cols, y + base, ldy, a, g0);
-          if (g1 < b) matvec(w, x, M, cols, y + base, ldy, g1, b);
+          r16::matvec(r16[i], *xi, M, yw, ldy, g0, g1);
+          if (a < g0) unpacked(i, x, M, yw, ldy, a, g0, xq, pack, bf16x);
+          if (g1 < b) unpacked(i, x, M, yw, ldy, g1, b, xq, pack, bf16x);
         } else {
-          matvec(w, x, M, cols, y + base, ldy, a, b);
+          unpacked(i, x, M, yw, ldy, a, b, xq, pack, bf16x);
         }
-      } else if (a < b && xq && has_q8_path(w.format)) {
-        matvec_q8(w, *xq, M, y + base, ldy, a, b);
       } else if (a < b) {
-        matvec(w, x, M, cols, y + base, ldy, a, b, pack, bf16x);
+        file_rows(w, x, M, yw, ldy, a, b, xq, pack, bf16x);
       }
       base += w.rows;
     }
     if (bias)
       for (int64_t m = 0; m < M; ++m)
         for (int64_t n = n0; n < n1; ++n) y[m * ldy + n] += bias[n];
+  }
+
+  // Rows [a, b) of a segment in the file's layout.
+  static void file_rows(const QWeight& w, const float* x, int64_t M, float* y, int64_t ldy, int64_t a, int64_t b,
+                        const Q8Rows* xq, XPack* pack, bool bf16x) {
+    if (xq && has_q8_path(w.format)) matvec_q8(w, *xq, M, y, ldy, a, b);
+    else matvec(w, x, M, w.cols, y, ldy, a, b, pack, bf16x);
+  }
+
+  // Rows [a, b) of R16 segment i: its rows unpacked to the file's blocks in a thread-local buffer (a
+  // prompt task's 16-128 rows: ~6-45 KB, small next to the products of its rows of x), then file_rows.
+  void unpacked(size_t i, const float* x, int64_t M, float* y, int64_t ldy, int64_t a, int64_t b, const Q8Rows* xq,
+                XPack* pack, bool bf16x) const {
+    thread_local std::vector<uint8_t> rows;
+    const QWeight& w = parts[i];
+    rows.resize((b - a) * w.row_bytes);
+    r16::unpack_rows(r16[i], a, b, rows.data());
+    QWeight part = w;
+    part.data = rows.data();
+    part.rows = b - a;
+    file_rows(part, x, M, y + a, ldy, 0, b - a, xq, pack, bf16x);
   }
 };
 
@@ -134,15 +155,19 @@ class NativeDecoder : public torch::CustomClassHolder {
 
   // role: "qkv", "o", "gate_up", "down" (layer >= 0), "head", "embed" (layer -1). Segments of
   // one layer are appended in row order; a bias applies to the whole layer (given once).
+  // r16: the blocks are in the R16 layout (r16_matmul.h; packed in place by the model for int16 activations).
   void add_linear(int64_t layer, const std::string& role, at::Tensor blocks, int64_t format, int64_t cols,
-                  c10::optional<at::Tensor> row_scale, c10::optional<at::Tensor> bias) {
+                  c10::optional<at::Tensor> row_scale, c10::optional<at::Tensor> bias, bool r16) {
     Linear& linear = linear_of(layer, role);
     QWeight w = qweight_of(blocks, format, cols, row_scale, c10::nullopt);
     TORCH_CHECK(linear.parts.empty() || linear.cols == cols, role, ": segments of different widths");
     keep({blocks});
     if (row_scale.has_value()) keep({*row_scale});
     linear.parts.push_back(w);
-    linear.r16.push_back(nullptr);
+    TORCH_CHECK(!r16 || (r16::has_layout(format) && w.rows % r16::kRows == 0), role,
+                ": the R16 layout needs Q4_0 / Q4_1 / Q8_0 rows in groups of ", r16::kRows);
+    linear.r16.push_back(r16 ? r16::view(format, w.data, w.rows, cols, w.row_bytes) : r16::Weight{});
+    if (r16 && role != "embed") r16_bytes_ += w.rows * w.row_bytes;
     linear.rows += w.rows;
     linear.cols = cols;
     if (bias.has_value()) {
@@ -185,18 +210,16 @@ class NativeDecoder : public torch::CustomClassHolder {
   }
   bool int8_activations() const { return int8_activations_; }
 
-  // Int16 activations in decoding batches (<= 8 rows) for the matrices of a format with an R16 layout
-  // (Q4_0, Q4_1, Q8_0) and rows in groups of 16 (r16_matmul.h). The first call with true builds their
-  // R16 copies (kept beside the file's blocks, which the prompt path and the embedding still read).
+  // Int16 activations in decoding batches (<= 8 rows) for the matrices added in the R16 layout (Q4_0,
+  // Q4_1, Q8_0 with rows in groups of 16; r16_matmul.h); the others keep fp32 activations.
   void set_int16_activations(bool on) {
     TORCH_CHECK(!on || (D % r16::kBlock == 0 && d % r16::kBlock == 0 && I % r16::kBlock == 0),
                 "int16 activations need dim, head_dim and intermediate_size multiples of ", r16::kBlock);
     TORCH_CHECK(!on || !int8_activations_, "int16 activations: not with int8 activations");
-    if (on) build_r16();
     int16_activations_ = on;
   }
   bool int16_activations() const { return int16_activations_; }
-  // Bytes of the R16 copies built (0 before int16 activations are first set).
+  // Bytes of the matrices added in the R16 layout (the embedding not counted again).
   int64_t r16_bytes() const { return r16_bytes_; }
 
   // bf16 activations for the GGUF formats whose weights are exact in two bf16 tiles (Q4_0, Q5_0, Q4_1;
@@ -236,32 +259,6 @@ class NativeDecoder : public torch::CustomClassHolder {
 
   void keep(std::initializer_list<at::Tensor> tensors) { owned_.insert(owned_.end(), tensors); }
 
-  // The R16 copy of every matrix part that has the layout (once).
-  // One arena (huge pages) holds them all, in the order a step reads them.
-  void build_r16() {
-    std::vector<std::pair<Linear*, size_t>> todo;
-    auto collect = [&](Linear& linear) {
-      for (size_t i = 0; i < linear.parts.size(); ++i) {
-        const QWeight& w = linear.parts[i];
-        if (!linear.r16[i] && r16::has_layout(w.format) && w.rows % r16::kRows == 0) todo.emplace_back(&linear, i);
-      }
-    };
-    for (Layer& l : layer_)
-      for (Linear* linear : {&l.qkv, &l.o, &l.gate_up, &l.down}) collect(*linear);
-    collect(head);
-    if (todo.empty()) return;
-    size_t bytes = 0;
-    for (auto [linear, i] : todo) bytes += (r16::bytes_of(linear->parts[i].rows, linear->parts[i].row_bytes) + 63) / 64 * 64;
-    auto arena = std::make_shared<r16::Arena>(bytes);
-    for (auto [linear, i] : todo) {
-      const QWeight& w = linear->parts[i];
-      auto copy = std::make_shared<r16::Weight>();
-      r16::build(w.format, w.data, w.rows, w.cols, w.row_bytes, *copy, arena);
-      r16_bytes_ += r16::bytes_of(w.rows, w.row_bytes);
-      linear->r16[i] = std::move(copy);
-    }
-  }
-
   Layer& layer_at(int64_t layer) {
     TORCH_CHECK(layer >= 0 && layer < layers, "layer out of range");
     return layer_[layer];
@@ -288,7 +285,15 @@ class NativeDecoder : public torch::CustomClassHolder {
                   "NativeDecoder: a layer is incomplete or of the wrong shape");
   }
 
-  void embed_row(int64_t token, float* out) const { dequant_row(embed.parts[0], token, out); }
+  void embed_row(int64_t token, float* out) const {
+    if (!embed.r16[0].data) return dequant_row(embed.parts[0], token, out);
+    std::vector<uint8_t> row(embed.parts[0].row_bytes);  // R16: the token's row back to the file's blocks
+    r16::unpack_rows(embed.r16[0], token, token + 1, row.data());
+    QWeight one = embed.parts[0];
+    one.data = row.data();
+    one.rows = 1;
+    dequant_row(one, 0, out);
+  }
 
   // residual += x (when given), then h = rmsnorm(residual) * weight, for each of the B rows.
   void add_and_norm(float* residual, const float* x, const float* weight, float* out, int64_t B) const {

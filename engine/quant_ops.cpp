@@ -3,6 +3,7 @@
 //   quant_linear_q8(x, w, format, K, bias?) -> [M, N] f32   x quantized to Q8 blocks first (q8_matmul.h)
 //   quant_linear_i16(x, w, format, K, bias?) -> [M, N] f32  x as int16 blocks, the weights' R16 copy
 //                                                            (r16_matmul.h; as the one-call step's Linear)
+//   quant_r16_pack_(w, format, K) -> w                    w's blocks rewritten in the R16 layout, in place
 //   quant_linear_bf16x(x, w, format, K, row_scale?, bias?)   bf16 activations where the format has them
 //                                                            (prefill_gemm.h; bf16_activation_tiles(format))
 //   quant_dequantize(w, format, K) -> [N, K] f32          (tests; the readable twin is in Python)
@@ -119,8 +120,9 @@ at::Tensor quant_linear_i16(const at::Tensor& x, const at::Tensor& w, int64_t fo
                           scales.data_ptr<float>() + M * nb, reinterpret_cast<int32_t*>(scales.data_ptr<float>() + 2 * M * nb),
                           cols};
   r16::quantize_rows(x.data_ptr<float>(), M, cols, rows);
-  r16::Weight r;
-  if (grouped) r16::build(format, q.data, grouped, cols, q.row_bytes, r);
+  at::Tensor packed = at::empty({grouped, q.row_bytes}, w.options());
+  if (grouped) r16::pack(format, q.data, grouped, cols, q.row_bytes, packed.data_ptr<uint8_t>());
+  const r16::Weight r = r16::view(format, packed.data_ptr<uint8_t>(), grouped, cols, q.row_bytes);
   at::Tensor y = at::empty({M, N}, x.options());
   float* yp = y.data_ptr<float>();
   const float* xp = x.data_ptr<float>();
@@ -135,6 +137,18 @@ at::Tensor quant_linear_i16(const at::Tensor& x, const at::Tensor& w, int64_t fo
       for (int64_t n = 0; n < grouped; ++n) yp[m * N + n] += q.bias[n];  // matvec added its rows' bias
   return y;
 }
+
+// w (file blocks, N % 16 == 0 rows) rewritten in place in the R16 layout: what the model's weights
+// become when int16 activations are on (engine/native_weights.py's pack_r16). Returns w.
+at::Tensor quant_r16_pack_(at::Tensor w, int64_t format, int64_t cols) {
+  const QWeight q = qweight_of(w, format, cols, c10::nullopt, c10::nullopt);
+  TORCH_CHECK(r16::has_layout(format), "format ", format, " has no R16 layout");
+  TORCH_CHECK(q.rows % r16::kRows == 0, "R16: rows must be a multiple of ", r16::kRows, ", got ", q.rows);
+  r16::pack_in_place(format, w.data_ptr<uint8_t>(), q.rows, cols, q.row_bytes);
+  return w;
+}
+
+bool r16_layout(int64_t format) { return r16::has_layout(format); }
 
 // Whether this build runs the int16-activation kernels with AVX-512 VNNI (else their scalar version).
 bool r16_vnni() {
@@ -185,6 +199,8 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
   m.def("quant_linear_q8(Tensor x, Tensor w, int format, int cols, Tensor? bias) -> Tensor");
   m.def("quant_linear_i16(Tensor x, Tensor w, int format, int cols, Tensor? bias) -> Tensor");
   m.def("r16_vnni() -> bool", &voxlane::r16_vnni);
+  m.def("r16_layout(int format) -> bool", &voxlane::r16_layout);
+  m.def("quant_r16_pack_(Tensor(a!) w, int format, int cols) -> Tensor(a!)");
   m.def("quant_linear_bf16x(Tensor x, Tensor w, int format, int cols, Tensor? row_scale, Tensor? bias) -> Tensor");
   m.def("bf16_activation_tiles(int format) -> bool", &voxlane::bf16_activation_tiles);
   m.def("quant_dequantize(Tensor w, int format, int cols) -> Tensor");
@@ -197,6 +213,7 @@ TORCH_LIBRARY_IMPL(voxlane, CPU, m) {
   m.impl("quant_linear_q8", &voxlane::quant_linear_q8);
   m.impl("quant_linear_bf16x", &voxlane::quant_linear_bf16x);
   m.impl("quant_linear_i16", &voxlane::quant_linear_i16);
+  m.impl("quant_r16_pack_", &voxlane::quant_r16_pack_);
   m.impl("quant_dequantize", &voxlane::quant_dequantize);
   m.impl("quant_embedding", &voxlane::quant_embedding);
 }

@@ -14,8 +14,10 @@
 // sumq = sum(Q) (Q8_0's offset). For weight bytes u: sum_k u_k Q_k = 128 dpbusd(u, q1) + dpbusd(u, q2),
 // two int32 accumulators combined per block by a shift and an add (|sum| <= 32 * 255 * 16256 < 2^31).
 //
-// WEIGHTS (R16), built once from the file's blocks, same bytes per weight. Rows in groups of 16; a
-// group's bytes are its lines (64 bytes each, block by block) then its scales (block by block):
+// WEIGHTS (R16): the file's blocks rewritten in place at load (engine/native_weights.py's pack_r16;
+// a group of 16 rows takes the same bytes in both layouts), so one copy is streamed; where the file's
+// blocks are needed (prompt chunks, the embedding lookup) a task unpacks its rows (unpack_rows). Rows
+// in groups of 16; a group's bytes are its lines (64 bytes each, block by block) then its scales:
 //   Q4_1  block b: 4 lines, line j = for row r = 0..15 the 4 bytes qs[4j..4j+3] of row r's block
 //         (low nibbles: weights 4j..4j+3, high nibbles: weights 16+4j..16+4j+3); scales: d[16] then
 //         m[16] fp16 (64 bytes). w = d u + m.
@@ -40,12 +42,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
-#include <new>
-
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
+#include <vector>
 
 #include "gguf_blocks.h"
 
@@ -146,100 +143,80 @@ inline bool has_layout(int64_t format) {
   return ok;
 }
 
-// Memory for R16 copies: one anonymous mapping, asked for as transparent huge pages (2 MB; as
-// native_weights.py's BlockArena for the file's blocks: a decode step streams all of it once, and with
-// 4 KB pages that is a TLB miss and a stopped hardware prefetch every 4 KB). Pieces are 64-byte aligned.
-class Arena {
- public:
-  static constexpr size_t kHuge = size_t(2) << 20;
-  explicit Arena(size_t bytes) : size_((bytes + kHuge - 1) / kHuge * kHuge) {
-#if defined(__linux__)
-    void* p = mmap(nullptr, size_ + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p != MAP_FAILED) {
-      map_ = static_cast<uint8_t*>(p);
-      base_ = map_ + (kHuge - reinterpret_cast<uintptr_t>(map_) % kHuge) % kHuge;
-      madvise(base_, size_, MADV_HUGEPAGE);  // a hint: plain pages where the kernel does not allow it
-      return;
-    }
-#endif
-    base_ = static_cast<uint8_t*>(std::aligned_alloc(64, size_));
-  }
-  ~Arena() {
-#if defined(__linux__)
-    if (map_) {
-      munmap(map_, size_ + kHuge);
-      return;
-    }
-#endif
-    std::free(base_);
-  }
-  Arena(const Arena&) = delete;
-  Arena& operator=(const Arena&) = delete;
-  uint8_t* take(size_t bytes) {
-    uint8_t* p = base_ + used_;
-    used_ += (bytes + 63) / 64 * 64;
-    if (used_ > size_ || !base_) throw std::bad_alloc();
-    return p;
-  }
-
- private:
-  size_t size_, used_ = 0;
-  uint8_t *map_ = nullptr, *base_ = nullptr;
-};
-
-// A matrix's groups of 16 rows in the R16 layout (rows / 16 groups; rows % 16 == 0), in an Arena
-// shared by all the copies of one decoder.
+// A matrix in the R16 layout (rows % 16 == 0): its geometry and bytes (not owned: the model's weight
+// tensor, packed in place at load, engine/native_weights.py's pack_r16).
 struct Weight {
-  int64_t format = -1, rows = 0, cols = 0, nblocks = 0, group_bytes = 0, lines_bytes = 0;
-  uint8_t* data = nullptr;
-  std::shared_ptr<Arena> arena;
+  int64_t format = -1, rows = 0, cols = 0, row_bytes = 0, nblocks = 0, group_bytes = 0, lines_bytes = 0;
+  const uint8_t* data = nullptr;
   const uint8_t* group(int64_t g) const { return data + g * group_bytes; }
 };
 
-// The R16 copy's bytes of a matrix (the same as the file's).
-inline int64_t bytes_of(int64_t rows, int64_t row_bytes) { return rows * row_bytes; }
+// The view of `data` (rows x row_bytes bytes, R16) as a Weight; format has_layout, rows % 16 == 0.
+inline Weight view(int64_t format, const uint8_t* data, int64_t rows, int64_t cols, int64_t row_bytes) {
+  Weight w;
+  gguf::with_format(format, [&](auto block) {
+    using B = decltype(block);
+    if constexpr (has_layout<B>()) {
+      using Lay = Layout<B>;
+      w.nblocks = cols / B::QK;
+      w.lines_bytes = w.nblocks * Lay::kLines * 64;
+      w.group_bytes = w.lines_bytes + w.nblocks * Lay::kScaleBytes;  // == 16 * row_bytes
+    }
+  });
+  w.format = format, w.rows = rows, w.cols = cols, w.row_bytes = row_bytes, w.data = data;
+  return w;
+}
 
-// The file's rows (rows x row_bytes of blocks of format B, rows % 16 == 0) -> R16, taken from `arena`.
-template <class B>
-inline void build_format(int64_t format, const uint8_t* w, int64_t rows, int64_t cols, int64_t row_bytes, Weight& out,
-                         const std::shared_ptr<Arena>& arena) {
+// Moves the bytes of weight row r, block b between the file's block at `file` and the R16 group at
+// `group` (PACK: file -> R16, else back).
+template <class B, bool PACK>
+inline void move_block(uint8_t* file, uint8_t* group, const Weight& w, int64_t r, int64_t b) {
   using Lay = Layout<B>;
-  static_assert(B::QK == 32, "32-weight blocks");
-  const int64_t nblocks = cols / B::QK;
-  out.format = format;
-  out.rows = rows;
-  out.cols = cols;
-  out.nblocks = nblocks;
-  out.lines_bytes = nblocks * Lay::kLines * 64;
-  out.group_bytes = out.lines_bytes + nblocks * Lay::kScaleBytes;  // == 16 * row_bytes
-  out.arena = arena;
-  out.data = arena->take(rows / kRows * out.group_bytes);
+  uint8_t* sc = group + w.lines_bytes + b * Lay::kScaleBytes;
+  auto move = [](uint8_t* to, uint8_t* from, int n) { std::memcpy(PACK ? to : from, PACK ? from : to, n); };
+  for (int j = 0; j < Lay::kLines; ++j) {
+    uint8_t* line = group + (b * Lay::kLines + j) * 64 + 4 * r;
+    move(line, file + Lay::kQs + 4 * j, 4);
+    if constexpr (!Lay::kNibbles)  // u = q + 128 in R16
+      for (int t = 0; t < 4; ++t) (PACK ? line : file + Lay::kQs + 4 * j)[t] ^= 0x80;
+  }
+  move(sc + 2 * r, file, 2);                                // d
+  if constexpr (Lay::kMin) move(sc + 32 + 2 * r, file + 2, 2);  // m
+}
+
+// The file's rows at src (rows x row_bytes, rows % 16 == 0) -> R16 at dst (the same size; not src).
+inline void pack(int64_t format, const uint8_t* src, int64_t rows, int64_t cols, int64_t row_bytes, uint8_t* dst) {
+  const Weight w = view(format, dst, rows, cols, row_bytes);
+  gguf::with_format(format, [&](auto block) {
+    using B = decltype(block);
+    if constexpr (has_layout<B>())
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t b = 0; b < w.nblocks; ++b)
+          move_block<B, true>(const_cast<uint8_t*>(src) + r * row_bytes + b * B::BYTES,
+                              dst + r / kRows * w.group_bytes, w, r % kRows, b);
+  });
+}
+
+// The same in place (data: rows x row_bytes of the file's blocks, then of R16): a group of 16 rows takes
+// the same bytes in both layouts, so one group's rows are copied aside at a time.
+inline void pack_in_place(int64_t format, uint8_t* data, int64_t rows, int64_t cols, int64_t row_bytes) {
+  std::vector<uint8_t> group(kRows * row_bytes);
   for (int64_t g = 0; g < rows / kRows; ++g) {
-    uint8_t* lines = out.data + g * out.group_bytes;
-    uint8_t* scales = lines + out.lines_bytes;
-    for (int64_t b = 0; b < nblocks; ++b)
-      for (int64_t r = 0; r < kRows; ++r) {
-        const uint8_t* src = w + (g * kRows + r) * row_bytes + b * B::BYTES;
-        for (int j = 0; j < Lay::kLines; ++j) {
-          uint8_t* dst = lines + (b * Lay::kLines + j) * 64 + 4 * r;
-          std::memcpy(dst, src + Lay::kQs + 4 * j, 4);
-          if constexpr (!Lay::kNibbles)
-            for (int t = 0; t < 4; ++t) dst[t] ^= 0x80;  // u = q + 128
-        }
-        uint8_t* sc = scales + b * Lay::kScaleBytes;
-        std::memcpy(sc + 2 * r, src, 2);                          // d
-        if constexpr (Lay::kMin) std::memcpy(sc + 32 + 2 * r, src + 2, 2);  // m
-      }
+    uint8_t* at = data + g * kRows * row_bytes;
+    std::memcpy(group.data(), at, group.size());
+    pack(format, group.data(), kRows, cols, row_bytes, at);
   }
 }
 
-// Builds the R16 copy of a matrix of `format` (has_layout(format), rows % 16 == 0) in `arena` (null: its own).
-inline void build(int64_t format, const uint8_t* w, int64_t rows, int64_t cols, int64_t row_bytes, Weight& out,
-                  std::shared_ptr<Arena> arena = nullptr) {
-  if (!arena) arena = std::make_shared<Arena>(bytes_of(rows, row_bytes));
-  gguf::with_format(format, [&](auto block) {
+// Rows [r0, r1) of an R16 matrix back to the file's blocks at out ((r1 - r0) x row_bytes).
+inline void unpack_rows(const Weight& w, int64_t r0, int64_t r1, uint8_t* out) {
+  gguf::with_format(w.format, [&](auto block) {
     using B = decltype(block);
-    if constexpr (has_layout<B>()) build_format<B>(format, w, rows, cols, row_bytes, out, arena);
+    if constexpr (has_layout<B>())
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t b = 0; b < w.nblocks; ++b)
+          move_block<B, false>(out + (r - r0) * w.row_bytes + b * B::BYTES,
+                               const_cast<uint8_t*>(w.group(r / kRows)), w, r % kRows, b);
   });
 }
 

@@ -10,7 +10,7 @@ import torch
 
 from engine import gguf_formats as fmt
 from engine.config import EngineConfig
-from engine.native_weights import QuantWeight, load_native_model
+from engine.native_weights import NativeLinear, QuantWeight, load_native_model, unpack_r16
 from tests.engine.test_decode_gemv import random_blocks
 from tests.engine.test_int8_activations import agreement_with_fp32
 from tests.engine.test_native_weights import first_rows, ops, smollm2_tensors  # noqa: F401 (fixtures)
@@ -93,6 +93,24 @@ def test_extreme_activations(ops):
     assert (got - reference).abs().max().item() < 1e-5 * reference.abs().max().item()
 
 
+@pytest.mark.parametrize("format", [fmt.Q4_1, fmt.Q8_0, fmt.Q4_0], ids=lambda f: fmt.NAMES[f])
+def test_r16_layout_round_trip(ops, format):
+    """The kernels' in-place packing (quant_r16_pack_) and the readable torch unpacking (unpack_r16)
+    are inverse, byte for byte; a packed weight dequantizes and multiplies (per-op path) as before."""
+    g = torch.Generator().manual_seed(format)
+    blocks = random_blocks(format, 48, 576, g).contiguous()
+    weight = QuantWeight(format, blocks.clone(), 576)
+    x = torch.randn(3, 576, generator=g)
+    before = ops.quant_linear(x, blocks, format, 576, None, None)
+    assert ops.quant_r16_pack_(weight.blocks, format, 576).data_ptr() == weight.blocks.data_ptr()
+    weight.r16 = True
+    assert not torch.equal(weight.blocks, blocks)
+    assert torch.equal(unpack_r16(weight.blocks, format, 576), blocks)
+    assert torch.equal(weight.dequantize(), fmt.dequantize(blocks, format, 576))
+    linear = NativeLinear([weight], None, ops)
+    assert torch.equal(linear(x), before)
+
+
 def test_refuses_formats_without_the_layout(ops):
     with pytest.raises(RuntimeError, match="no int16-activation"):
         ops.quant_linear_i16(torch.zeros(1, 256), torch.zeros(4, 144, dtype=torch.uint8), fmt.Q4_K, 256, None)
@@ -115,20 +133,24 @@ def smollm2_native(ops, smollm2_dir):
 def test_decode_step_uses_int16_and_stays_close(ops, smollm2_native):
     """One-call decode steps (batch 1 and 3) with the flag against fp32 activations on the same cache:
     logits close (~1e-3 of their range) but not equal (the int16 path ran), and a prompt chunk of more
-    than 8 rows is unchanged (bit-equal: it keeps the fp32 path)."""
+    than 8 rows is unchanged (bit-equal: it keeps the fp32 path, on rows unpacked from R16). Then the
+    packed model without the flag: every step bit-equal to the unpacked model's (the embedding and
+    every matrix read back from R16)."""
     from engine.kv_cache import KVCache
     from engine.native_step import build_decoder
 
     model = smollm2_native
     prompt = torch.arange(100, 140, dtype=torch.long)
     logits = {}
-    for flag in (False, True):
-        model.int16_activations = flag
+    for flag in (False, True, "packed"):
+        model.int16_activations = flag is True
         cache = KVCache(model.args, 3, 64, torch.float32)
         decoder = build_decoder(model, cache.tensors)
-        assert decoder.int16_activations() == flag
+        assert decoder.int16_activations() == (flag is True)
         if flag:
             assert decoder.r16_bytes() > 90e6  # every layer matrix and the head (SmolLM2: ~96 MB)
+        else:
+            assert decoder.r16_bytes() == 0
         rows = []
         for slot in range(3):
             pre = decoder.step(prompt + slot, torch.arange(40), torch.full((40,), slot), torch.tensor([39]))
@@ -139,6 +161,8 @@ def test_decode_step_uses_int16_and_stays_close(ops, smollm2_native):
         logits[flag] = (torch.cat(rows), one, three)
     model.int16_activations = False
     assert torch.equal(logits[False][0], logits[True][0])  # prompt chunks: fp32 activations either way
+    for a, b in zip(logits[False], logits["packed"]):
+        assert torch.equal(a, b)
     for a, b in zip(logits[False][1:], logits[True][1:]):
         diff = (a - b).abs().max().item()
         assert 0 < diff < 2e-3 * a.abs().max().item(), diff
