@@ -30,11 +30,20 @@ TTFT_PROMPT = 43  # tokens: the issue's TTFT prompt
 PREFILL_PROMPT = 512
 
 
+def peer_env() -> dict[str, str]:
+    """The environment for llama.cpp's tools: ours without the OpenMP settings. ggml's CPU backend
+    is an OpenMP team, and the OMP_WAIT_POLICY=PASSIVE / OMP_NUM_THREADS=1 that our runs and tests
+    export for torch put its threads to sleep at each of a step's barriers: llama-bench -t 2 on
+    SmolLM2 ran 153-157 tok/s with them and 300-306 without (2026-12-01 18:23, quiet). Its
+    threads are set by -t; everything else is its own defaults, as its users run it."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_", "KMP_"))}
+
+
 def llama_bench(tools: Path, gguf: Path, threads: int, prompt: int, gen: int) -> float:
     """One llama-bench run (-r 1) -> tokens per second of its one test."""
     cmd = [str(tools / "llama-bench"), "-m", str(gguf), "-p", str(prompt), "-n", str(gen), "-t", str(threads),
            "-fa", "1", "-r", "1", "-o", "json"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True, env=peer_env())
     return float(json.loads(out.stdout)[0]["avg_ts"])
 
 
@@ -44,7 +53,7 @@ def llama_batched(tools: Path, gguf: Path, threads: int, prompt: int, gen: int, 
            "-b", "2048", "-ub", "512", "-npp", str(prompt), "-ntg", str(gen), "-npl", str(batch),
            "-t", str(threads), "-fa", "on", "--output-format", "jsonl"]
     for attempt in range(2):  # once (13:41, load 5) it exited 0 with no result line: one retry, then no figure
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True, env=peer_env())
         lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
         if lines:
             return batch * gen / float(json.loads(lines[0])["t"])

@@ -22,12 +22,16 @@ BATCHED_JSONL = ('{"n_kv_max": 512, "pp": 43, "tg": 8, "pl": 2, "n_kv": 102, "t_
 def fake_tool(directory: Path, name: str, output: str) -> Path:
     """A script that records its arguments and prints ``output``."""
     script = directory / name
-    script.write_text(f"#!/bin/sh\necho \"$@\" > {directory / (name + '.args')}\ncat <<'EOF'\n{output}\nEOF\n")
+    script.write_text(f"#!/bin/sh\necho \"$@\" > {directory / (name + '.args')}\n"
+                      f"env > {directory / (name + '.env')}\ncat <<'EOF'\n{output}\nEOF\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return script
 
 
-def test_llama_bench_and_batched_bench_are_run_and_read(tmp_path):
+def test_llama_bench_and_batched_bench_are_run_and_read(tmp_path, monkeypatch):
+    # our runs export these for torch; ggml's OpenMP team must not inherit them (they halve its speed)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     fake_tool(tmp_path, "llama-bench", json.dumps(LLAMA_BENCH_JSON))
     fake_tool(tmp_path, "llama-batched-bench", "main: n_kv_max = 512\n" + BATCHED_JSONL)
     gguf = tmp_path / "model.gguf"
@@ -37,6 +41,9 @@ def test_llama_bench_and_batched_bench_are_run_and_read(tmp_path):
     assert abs(llama_cpp_peer.llama_batched(tmp_path, gguf, 2, 43, 8, 2) - 2 * 8 / 0.2355) < 1e-6
     args = (tmp_path / "llama-batched-bench.args").read_text().split()
     assert args[args.index("-npp") + 1] == "43" and args[args.index("-npl") + 1] == "2"
+    for tool in ("llama-bench", "llama-batched-bench"):
+        seen = (tmp_path / f"{tool}.env").read_text()
+        assert "OMP_WAIT_POLICY" not in seen and "OMP_NUM_THREADS" not in seen and "PATH=" in seen
 
 
 def test_build_cache_is_keyed_by_version_flags_and_cpu(monkeypatch, tmp_path):
