@@ -549,8 +549,10 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
     }
   }
   at::Tensor i16_bytes, i16_scales;
-  if (int16_activations_ && T <= 8) {  // decoding batches: q1 and q2 bytes, then s, sx and sumq per block
-    const int64_t widths[4] = {D, H * d, I, D}, counts[4] = {T, T, T, n};
+  if (int16_activations_ && std::min(T, n) <= 8) {  // q1 and q2 bytes, then s, sx and sumq per block
+    // decoding batches' matrices (T <= 8), and the LM head wherever it has <= 8 rows (a prompt chunk's
+    // last token: else its R16 rows would be unpacked for the fp32 path)
+    const int64_t t = T <= 8 ? T : 0, widths[4] = {D, H * d, I, D}, counts[4] = {t, t, t, n <= 8 ? n : 0};
     int64_t values = 0;
     for (int i = 0; i < 4; ++i) values += counts[i] * widths[i];
     i16_bytes = at::empty({2 * values}, at::TensorOptions().dtype(at::kChar));
@@ -560,6 +562,7 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
     r16::I16Rows* targets[4] = {&buffers.hi, &buffers.attni, &buffers.acti, &buffers.logiti};
     for (int i = 0; i < 4; ++i) {
       const int64_t v = counts[i] * widths[i], nb = v / r16::kBlock;
+      if (!v) continue;  // stays fp32 (q1 null)
       *targets[i] = r16::I16Rows{q, q + v, sc, sc + nb, reinterpret_cast<int32_t*>(sc + 2 * nb), widths[i]};
       q += 2 * v;
       sc += 3 * nb;

@@ -208,15 +208,61 @@ inline void pack_in_place(int64_t format, uint8_t* data, int64_t rows, int64_t c
   }
 }
 
-// Rows [r0, r1) of an R16 matrix back to the file's blocks at out ((r1 - r0) x row_bytes).
+#if defined(VOXLANE_R16_VNNI)
+// One whole group's block b back to the file's blocks of its 16 rows (out: row 0's block; rows
+// row_bytes apart): the lines are a 16 x (4 or 8) matrix of 4-byte words (row r in lane r), transposed
+// 4 lines at a time by two levels of unpacks, so each 128-bit lane holds one row's 16 quant bytes.
+template <class B>
+inline void unpack_block_16(const uint8_t* group, const Weight& w, int64_t b, uint8_t* out) {
+  using Lay = Layout<B>;
+  const uint8_t* lines = group + b * Lay::kLines * 64;
+  for (int half = 0; half < Lay::kLines / 4; ++half) {
+    __m512i l[4];
+    for (int j = 0; j < 4; ++j) {
+      l[j] = _mm512_loadu_si512(lines + (4 * half + j) * 64);
+      if constexpr (!Lay::kNibbles) l[j] = _mm512_xor_si512(l[j], _mm512_set1_epi8(static_cast<char>(0x80)));
+    }
+    const __m512i t0 = _mm512_unpacklo_epi32(l[0], l[1]), t1 = _mm512_unpackhi_epi32(l[0], l[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(l[2], l[3]), t3 = _mm512_unpackhi_epi32(l[2], l[3]);
+    // u[i]'s 128-bit lane k: row 4k + i's words of lines 4 half .. 4 half + 3
+    const __m512i u[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2), _mm512_unpacklo_epi64(t1, t3),
+                          _mm512_unpackhi_epi64(t1, t3)};
+    uint8_t* qs = out + Lay::kQs + 16 * half;
+    for (int i = 0; i < 4; ++i) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + (i) * w.row_bytes), _mm512_extracti32x4_epi32(u[i], 0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + (4 + i) * w.row_bytes), _mm512_extracti32x4_epi32(u[i], 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + (8 + i) * w.row_bytes), _mm512_extracti32x4_epi32(u[i], 2));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + (12 + i) * w.row_bytes), _mm512_extracti32x4_epi32(u[i], 3));
+    }
+  }
+  const uint8_t* sc = group + w.lines_bytes + b * Lay::kScaleBytes;
+  for (int r = 0; r < kRows; ++r) {
+    std::memcpy(out + r * w.row_bytes, sc + 2 * r, 2);
+    if constexpr (Lay::kMin) std::memcpy(out + r * w.row_bytes + 2, sc + 32 + 2 * r, 2);
+  }
+}
+#endif
+
+// Rows [r0, r1) of an R16 matrix back to the file's blocks at out ((r1 - r0) x row_bytes): the one
+// place where R16 is read as the file's blocks (the prompt path, other activations, the embedding).
 inline void unpack_rows(const Weight& w, int64_t r0, int64_t r1, uint8_t* out) {
   gguf::with_format(w.format, [&](auto block) {
     using B = decltype(block);
     if constexpr (has_layout<B>())
-      for (int64_t r = r0; r < r1; ++r)
+      for (int64_t r = r0; r < r1;) {
+#if defined(VOXLANE_R16_VNNI)
+        if (r % kRows == 0 && r + kRows <= r1) {  // a whole group
+          for (int64_t b = 0; b < w.nblocks; ++b)
+            unpack_block_16<B>(w.group(r / kRows), w, b, out + (r - r0) * w.row_bytes + b * B::BYTES);
+          r += kRows;
+          continue;
+        }
+#endif
         for (int64_t b = 0; b < w.nblocks; ++b)
           move_block<B, false>(out + (r - r0) * w.row_bytes + b * B::BYTES,
                                const_cast<uint8_t*>(w.group(r / kRows)), w, r % kRows, b);
+        ++r;
+      }
   });
 }
 

@@ -132,8 +132,9 @@ def smollm2_native(ops, smollm2_dir):
 
 def test_decode_step_uses_int16_and_stays_close(ops, smollm2_native):
     """One-call decode steps (batch 1 and 3) with the flag against fp32 activations on the same cache:
-    logits close (~1e-3 of their range) but not equal (the int16 path ran), and a prompt chunk of more
-    than 8 rows is unchanged (bit-equal: it keeps the fp32 path, on rows unpacked from R16). Then the
+    logits close (~1e-3 of their range) but not equal (the int16 path ran). A prompt chunk of more than
+    8 rows writes the same k/v (bit-equal: its layers keep the fp32 path, on rows unpacked from R16);
+    its one logit row goes through the int16 head (close, not equal). Then the
     packed model without the flag: every step bit-equal to the unpacked model's (the embedding and
     every matrix read back from R16)."""
     from engine.kv_cache import KVCache
@@ -141,7 +142,7 @@ def test_decode_step_uses_int16_and_stays_close(ops, smollm2_native):
 
     model = smollm2_native
     prompt = torch.arange(100, 140, dtype=torch.long)
-    logits = {}
+    logits, prompt_kv = {}, {}
     for flag in (False, True, "packed"):
         model.int16_activations = flag is True
         cache = KVCache(model.args, 3, 64, torch.float32)
@@ -155,15 +156,17 @@ def test_decode_step_uses_int16_and_stays_close(ops, smollm2_native):
         for slot in range(3):
             pre = decoder.step(prompt + slot, torch.arange(40), torch.full((40,), slot), torch.tensor([39]))
             rows.append(pre)
+        prompt_kv[flag] = (cache.tensors.k[:, :3, :, :40].clone(), cache.tensors.v[:, :3, :, :40].clone())
         one = decoder.step(torch.tensor([7]), torch.tensor([40]), torch.tensor([0]), torch.tensor([0]))
         three = decoder.step(torch.tensor([7, 8, 9]), torch.tensor([41, 40, 40]), torch.tensor([0, 1, 2]),
                              torch.tensor([0, 1, 2]))
         logits[flag] = (torch.cat(rows), one, three)
     model.int16_activations = False
-    assert torch.equal(logits[False][0], logits[True][0])  # prompt chunks: fp32 activations either way
+    for a, b in zip(prompt_kv[False] + prompt_kv["packed"], prompt_kv[True] * 2):
+        assert torch.equal(a, b)  # prompt chunks' layers: fp32 activations either way
     for a, b in zip(logits[False], logits["packed"]):
         assert torch.equal(a, b)
-    for a, b in zip(logits[False][1:], logits[True][1:]):
+    for a, b in zip(logits[False], logits[True]):
         diff = (a - b).abs().max().item()
         assert 0 < diff < 2e-3 * a.abs().max().item(), diff
 
