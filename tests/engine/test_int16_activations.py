@@ -179,3 +179,35 @@ def test_model_path_agrees_with_fp32_activations(ops, smollm2_dir, smollm2_nativ
     report = agreement_with_fp32(ops, smollm2_dir, "int16_activations", smollm2_native)
     assert report.top1_agreement >= 0.98, report
     assert 0 < report.mean_kl < 1e-5, report
+
+
+def test_portable_fallback_matches_vnni(tmp_path):
+    """engine/r16_matmul.h without AVX-512 VNNI (its scalar quantization, products and unpacking, as on
+    a machine without them) against this machine's build: the same int8 parts, integer sums and packed
+    bytes, and products within fp32 rounding (a small C++ harness, tests/engine/r16_portable_check.cpp,
+    compiled twice)."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no g++")
+    here = Path(__file__).parent
+    outputs = {}
+    for name, arch in (("native", "-march=native"), ("portable", "-march=x86-64-v3")):
+        exe = tmp_path / name
+        subprocess.run([compiler, "-std=c++20", "-O2", arch, f"-I{here.parent.parent / 'engine'}",
+                        str(here / "r16_portable_check.cpp"), "-o", str(exe)], check=True)
+        outputs[name] = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
+    native, portable = outputs["native"], outputs["portable"]
+    assert len(native) == len(portable) > 40000
+    for a, b in zip(native, portable):
+        kind = a.split(" ")[0]
+        if kind == "y":  # products: fp32 sums in another order
+            x, y = float(a.split()[1]), float(b.split()[1])
+            assert abs(x - y) <= 1e-5 * max(abs(x), 1e-3), (a, b)
+        else:  # q1/q2 bytes, scales and sums, round trips (1 = bytes equal)
+            assert a == b, (a, b)
+            if kind in ("roundtrip", "partial", "inplace"):
+                assert a.endswith(" 1"), a
