@@ -267,6 +267,8 @@ inline void unpack_rows(const Weight& w, int64_t r0, int64_t r1, uint8_t* out) {
 }
 
 #if defined(VOXLANE_R16_VNNI)
+constexpr int kOneChainRows = 2;  // activation rows from which group_dot keeps one accumulator per row
+
 inline __m512i bcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -285,39 +287,72 @@ inline void group_dot(const uint8_t* group, const Weight& w, const I16Rows& x, f
   const __m512i low = _mm512_set1_epi8(0x0f);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* lines = group + b * Lay::kLines * 64;
-    __m512i a1[MB], a2[MB];
-    for (int m = 0; m < MB; ++m) {
-      a1[m] = _mm512_setzero_si512();
-      const int32_t start = Lay::kOffset ? -Lay::kOffset * x.sumq[m * nb + b] : 0;
-      a2[m] = _mm512_set1_epi32(start);
-    }
-    for (int j = 0; j < Lay::kLines; ++j) {
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + (b * Lay::kLines + j) * 64), _MM_HINT_T0);
-      const __m512i v = _mm512_loadu_si512(lines + 64 * j);
-      if constexpr (Lay::kNibbles) {
-        const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        for (int m = 0; m < MB; ++m) {
-          const int8_t *q1 = x.q1 + m * K + kBlock * b + 4 * j, *q2 = x.q2 + m * K + kBlock * b + 4 * j;
-          a1[m] = _mm512_dpbusd_epi32(a1[m], lo, bcast4(q1));
-          a2[m] = _mm512_dpbusd_epi32(a2[m], lo, bcast4(q2));
-          a1[m] = _mm512_dpbusd_epi32(a1[m], hi, bcast4(q1 + 16));
-          a2[m] = _mm512_dpbusd_epi32(a2[m], hi, bcast4(q2 + 16));
-        }
-      } else {
-        for (int m = 0; m < MB; ++m) {
-          const int8_t *q1 = x.q1 + m * K + kBlock * b + 4 * j, *q2 = x.q2 + m * K + kBlock * b + 4 * j;
-          a1[m] = _mm512_dpbusd_epi32(a1[m], v, bcast4(q1));
-          a2[m] = _mm512_dpbusd_epi32(a2[m], v, bcast4(q2));
+    __m512i dot[MB];
+    if constexpr (MB >= kOneChainRows) {
+      // The block's 8 weight vectors (Q4: low and high nibbles of 4 lines; Q8_0: 8 lines) stay in
+      // registers for two passes into one accumulator per row: the q1 products, a shift by 7, then the
+      // q2 products (Q8_0's -128 sum(Q) as -sum(Q) before the shift). One instruction per row and block
+      // less than two accumulators and an add; a chain twice as long, so only with MB rows' chains.
+      constexpr int U = 8;
+      static_assert((Lay::kNibbles ? 2 * Lay::kLines : Lay::kLines) == U, "8 weight vectors per block");
+      __m512i u[U];
+      for (int j = 0; j < Lay::kLines; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + (b * Lay::kLines + j) * 64), _MM_HINT_T0);
+        const __m512i v = _mm512_loadu_si512(lines + 64 * j);
+        if constexpr (Lay::kNibbles) {
+          u[2 * j] = _mm512_and_si512(v, low);
+          u[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        } else {
+          u[j] = v;
         }
       }
+      // u[k]'s activation bytes: Q4 low nibbles of line j at 4j, high at 16 + 4j; Q8_0 line k at 4k
+      constexpr auto at = [](int k) { return Lay::kNibbles ? (k & 1) * 16 + 4 * (k >> 1) : 4 * k; };
+      for (int m = 0; m < MB; ++m) dot[m] = _mm512_set1_epi32(Lay::kOffset == 128 ? -x.sumq[m * nb + b] : 0);
+      for (int k = 0; k < U; ++k)
+        for (int m = 0; m < MB; ++m) dot[m] = _mm512_dpbusd_epi32(dot[m], u[k], bcast4(x.q1 + m * K + kBlock * b + at(k)));
+      for (int m = 0; m < MB; ++m) {
+        dot[m] = _mm512_slli_epi32(dot[m], 7);
+        if constexpr (Lay::kOffset != 0 && Lay::kOffset != 128)
+          dot[m] = _mm512_add_epi32(dot[m], _mm512_set1_epi32(-Lay::kOffset * x.sumq[m * nb + b]));
+      }
+      for (int k = 0; k < U; ++k)
+        for (int m = 0; m < MB; ++m) dot[m] = _mm512_dpbusd_epi32(dot[m], u[k], bcast4(x.q2 + m * K + kBlock * b + at(k)));
+    } else {
+      __m512i a1[MB], a2[MB];
+      for (int m = 0; m < MB; ++m) {
+        a1[m] = _mm512_setzero_si512();
+        const int32_t start = Lay::kOffset ? -Lay::kOffset * x.sumq[m * nb + b] : 0;
+        a2[m] = _mm512_set1_epi32(start);
+      }
+      for (int j = 0; j < Lay::kLines; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + (b * Lay::kLines + j) * 64), _MM_HINT_T0);
+        const __m512i v = _mm512_loadu_si512(lines + 64 * j);
+        if constexpr (Lay::kNibbles) {
+          const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+          for (int m = 0; m < MB; ++m) {
+            const int8_t *q1 = x.q1 + m * K + kBlock * b + 4 * j, *q2 = x.q2 + m * K + kBlock * b + 4 * j;
+            a1[m] = _mm512_dpbusd_epi32(a1[m], lo, bcast4(q1));
+            a2[m] = _mm512_dpbusd_epi32(a2[m], lo, bcast4(q2));
+            a1[m] = _mm512_dpbusd_epi32(a1[m], hi, bcast4(q1 + 16));
+            a2[m] = _mm512_dpbusd_epi32(a2[m], hi, bcast4(q2 + 16));
+          }
+        } else {
+          for (int m = 0; m < MB; ++m) {
+            const int8_t *q1 = x.q1 + m * K + kBlock * b + 4 * j, *q2 = x.q2 + m * K + kBlock * b + 4 * j;
+            a1[m] = _mm512_dpbusd_epi32(a1[m], v, bcast4(q1));
+            a2[m] = _mm512_dpbusd_epi32(a2[m], v, bcast4(q2));
+          }
+        }
+      }
+      for (int m = 0; m < MB; ++m) dot[m] = _mm512_add_epi32(_mm512_slli_epi32(a1[m], 7), a2[m]);
     }
     const uint8_t* sc = scales + b * Lay::kScaleBytes;
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
     __m512 mn;
     if constexpr (Lay::kMin) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)));
     for (int m = 0; m < MB; ++m) {
-      const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(a1[m], 7), a2[m]);
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(x.s[m * nb + b])), acc[m]);
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m]), _mm512_mul_ps(d, _mm512_set1_ps(x.s[m * nb + b])), acc[m]);
       if constexpr (Lay::kMin) acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(x.sx[m * nb + b]), acc[m]);
     }
   }
