@@ -69,7 +69,7 @@ def run_group(group: str, model_dir, settings, quick: bool) -> dict:
         return {"rows": rows.engine_rows(model_dir, "int8", settings, "INT8")}
     if group == "native":  # the GGUF's own blocks (Q4_1 + Q8_0 for SmolLM2)
         return {"rows": rows.engine_rows(model_dir, "native", settings, "native GGUF")}
-    if group == "native-int16":  # the same with EngineConfig.int16_activations (a 16-row copy of the weights)
+    if group == "native-int16":  # the same with EngineConfig.int16_activations (its weights repacked in 16-row groups)
         return {"rows": rows.engine_rows(model_dir, "native", settings, "int16-activation native GGUF",
                                          int16_activations=True)}
     if group in ("transformers-fp32", "transformers-int8"):

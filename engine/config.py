@@ -29,8 +29,9 @@ class EngineConfig:
     # batches and machines without AMX keep fp32 activations
     bf16_activations: bool = False
     # native only: decoding batches (<= 8 rows) quantize the inputs of Q4_0 / Q4_1 / Q8_0 matmuls to int16
-    # per block of 32 (finer than bf16) and multiply them through VNNI from a 16-row interleaved copy of
-    # those weights (engine/r16_matmul.h; ~+96 MB for SmolLM2); prompt chunks and other formats unchanged
+    # per block of 32 (finer than bf16) and multiply them through VNNI, those weights rewritten in place
+    # in a 16-row interleaved layout (engine/r16_matmul.h; no extra memory); prompt chunks and other
+    # formats keep their activations
     int16_activations: bool = False
     max_batch_size: int = 8  # sequences decoded together in one step
     num_slots: int = 8  # KV-cache slots (running sequences + idle conversations kept warm)
