@@ -6,6 +6,11 @@ and q (Q5_0); SmolLM2's gate/up and down (Q4_1)) by ``--rows`` activation rows t
 phases), with AMX on (engine/q8_matmul.h's tiles from 16 rows) and off (its vector path, dot_rows_q8)
 alternating round by round in one process; prints the median ms of each and the multiply-adds per
 second, and the 1-minute load average before and after. One thread unless ``--threads``.
+
+``--int16``: int16 activations on SmolLM2's R16-packed matrices (engine/r16_tiles.h) instead, through
+``quant_linear_r16`` (x quantized to int16 blocks per call): AMX int8 tiles reading R16 against the VNNI
+kernel (r16_matmul.h), and the fp32- and bf16-activation products of the same matrix in the file's
+blocks (``quant_linear``, ``quant_linear_bf16x``: a prompt chunk's paths without int16), alternating.
 """
 from __future__ import annotations
 
@@ -21,7 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--models", default="qwen2.5-0.5b-instruct,smollm2-135m-instruct")
+    parser.add_argument("--int16", action="store_true", help="int16 activations on R16 (SmolLM2): tiles vs VNNI, fp32, bf16")
     args = parser.parse_args(argv)
+    if args.int16:
+        return int16_main(args)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
@@ -64,6 +72,54 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{model} {label} {fmt.NAMES[w.format]} {w.rows}x{w.cols}, {M} rows: tiles {tiles:.3f} ms "
                       f"({gmacs / tiles * 1e3:.0f} G/s), vector {vector:.3f} ms ({gmacs / vector * 1e3:.0f} G/s), "
                       f"{vector / tiles:.1f}x", flush=True)
+    print(f"load after: {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+def int16_main(args) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    from app import model_store
+    from engine import gguf_formats as fmt
+    from engine import kernels
+    from engine.native_weights import GGUFTensors, QuantWeight
+
+    torch.set_num_threads(args.threads)
+    ops = kernels.load_kernels()
+    if ops is None or not ops.set_prefill_amx(True):
+        raise SystemExit("no AMX here (or no kernels): nothing to compare")
+    matrices = [("gate/up", ["blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"]), ("down", ["blk.0.ffn_down.weight"]),
+                ("q", ["blk.0.attn_q.weight"])]
+    rows = [int(r) for r in (args.rows if args.rows != "16,43,512" else "2,8,16,43,512").split(",")]
+    print(f"load before: {os.getloadavg()[0]:.2f}")
+    tensors = GGUFTensors(model_store.gguf_path("smollm2-135m-instruct"))
+    for label, names in matrices:
+        parts = [tensors.quant(n) for n in names]
+        w = QuantWeight(parts[0].format, torch.cat([p.blocks for p in parts]).contiguous(), parts[0].cols)
+        packed = w.blocks.clone()
+        ops.quant_r16_pack_(packed, w.format, w.cols)
+        arms = {"tiles": lambda x: ops.quant_linear_r16(x, packed, w.format, w.cols, 1),
+                "vnni": lambda x: ops.quant_linear_r16(x, packed, w.format, w.cols, 0),
+                "fp32": lambda x: ops.quant_linear(x, w.blocks, w.format, w.cols, None, None),
+                "bf16": lambda x: ops.quant_linear_bf16x(x, w.blocks, w.format, w.cols, None, None)}
+        for M in rows:
+            x = torch.randn(M, w.cols)
+            reps = max(1, 20 * 43 // max(M, 43))
+            ms: dict[str, list[float]] = {a: [] for a in arms}
+            for r in range(args.rounds):
+                for arm in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
+                    arms[arm](x)
+                    start = time.perf_counter()
+                    for _ in range(reps):
+                        arms[arm](x)
+                    ms[arm].append((time.perf_counter() - start) / reps * 1e3)
+            gmacs = M * w.rows * w.cols / 1e9
+            med = {a: statistics.median(v) for a, v in ms.items()}
+            print(f"smollm2 {label} {fmt.NAMES[w.format]} {w.rows}x{w.cols}, {M} rows: " + ", ".join(
+                f"{a} {t:.3f} ms ({gmacs / t * 1e3:.0f} G/s)" for a, t in med.items())
+                + f"; tiles vs vnni {med['vnni'] / med['tiles']:.2f}x, vs fp32 {med['fp32'] / med['tiles']:.2f}x, "
+                f"vs bf16 {med['bf16'] / med['tiles']:.2f}x", flush=True)
     print(f"load after: {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -4,7 +4,8 @@ in one engine, alternating round by round: the TTFT of a 43-token prompt and the
 
 With AMX off the GEMM is the 512-bit FMA path, so for a format that only the AMX path changes the
 ``fma`` arm is the code before it (with ``--bf16-activations``: the GGUF formats' bf16 tiles against
-fp32 activations). Prints the 1-minute load average before and after.
+fp32 activations; with ``--int16-activations``: the R16 matrices' int16 tiles, r16_tiles.h, against
+their rows unpacked for the fp32 FMA GEMM). Prints the 1-minute load average before and after.
 
     python -m bench.prompt_ab [--model smollm2-135m-instruct] [--quant native] [--rounds 5] [--threads 2]
 """
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--int8-activations", action="store_true")
     parser.add_argument("--bf16-activations", action="store_true",
                         help="EngineConfig.bf16_activations: the amx arm runs the GGUF formats' bf16 tiles")
+    parser.add_argument("--int16-activations", action="store_true",
+                        help="EngineConfig.int16_activations: the amx arm runs R16's int16 tiles (r16_tiles.h)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--ttft-samples", type=int, default=5, help="43-token prompts per round (median)")
@@ -40,7 +43,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("no AMX here (or no kernels): nothing to compare")
     ours = OurEngine(model_store.resolve(args.model, "llm"), args.quant,
                      BenchSettings(tokens=1, runs=args.rounds, batch=1, threads=args.threads),
-                     int8_activations=args.int8_activations, bf16_activations=args.bf16_activations)
+                     int8_activations=args.int8_activations, bf16_activations=args.bf16_activations,
+                     int16_activations=args.int16_activations)
     decoder = getattr(ours.engine.runner, "decoder", None)
     if args.no_stall_fallback and decoder is not None:
         decoder.set_stall_fallback(False)

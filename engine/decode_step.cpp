@@ -35,6 +35,7 @@
 #include "q8_matmul.h"
 #include "quant_matmul.h"
 #include "r16_matmul.h"
+#include "r16_tiles.h"
 #include "step_pool.h"
 
 namespace voxlane {
@@ -53,9 +54,11 @@ struct Linear {
   // as Q8 blocks), the segments of a GGUF block format use the integer path.
   // pack: x's bf16 tiles for the prefill GEMM's AMX path, or xq's int8 tiles (one per worker, tagged by phase).
   // bf16x: bf16 activations for the formats that have them (quant_matmul.h's matvec).
-  // xi (x as int16 blocks, M <= 8): the segments in the R16 layout multiply it in their whole groups of
-  // 16 rows within [n0, n1) (r16_matmul.h). Every other product with an R16 segment (prompt chunks,
-  // fp32 or int8 activations, rows outside whole groups) unpacks its rows to the file's blocks first.
+  // xi (x as int16 blocks; M <= 8, or any M where AMX runs): the segments in the R16 layout multiply it
+  // in their whole groups of 16 rows within [n0, n1) (r16::product: prompt chunks in AMX int8 tiles,
+  // r16_tiles.h; else r16_matmul.h's VNNI). Every other product with an R16 segment (prompt chunks
+  // without AMX, fp32 or int8 activations, rows outside whole groups) unpacks its rows to the file's
+  // blocks first.
   void run(const float* x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
            const Q8Rows* xq = nullptr, XPack* pack = nullptr, bool bf16x = false,
            const r16::I16Rows* xi = nullptr) const {
@@ -67,7 +70,7 @@ struct Linear {
       if (a < b && r16[i].data) {
         const int64_t g0 = xi ? (a + r16::kRows - 1) / r16::kRows * r16::kRows : b, g1 = xi ? b / r16::kRows * r16::kRows : b;
         if (g0 < g1) {
-          r16::matvec(r16[i], *xi, M, yw, ldy, g0, g1);
+          r16::product(r16[i], *xi, M, yw, ldy, g0, g1);  // AMX int8 tiles for prompt chunks (r16_tiles.h)
           if (a < g0) unpacked(i, x, M, yw, ldy, a, g0, xq, pack, bf16x);
           if (g1 < b) unpacked(i, x, M, yw, ldy, g1, b, xq, pack, bf16x);
         } else {
@@ -549,10 +552,14 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
     }
   }
   at::Tensor i16_bytes, i16_scales;
-  if (int16_activations_ && std::min(T, n) <= 8) {  // q1 and q2 bytes, then s, sx and sumq per block
+  // Prompt chunks too where the R16 products run in AMX int8 tiles (r16_tiles.h); else their R16 rows are
+  // unpacked for the fp32 path.
+  const bool i16_tiles = r16::tiles_run(r16::kTileMinRows);
+  if (int16_activations_ && (std::min(T, n) <= 8 || i16_tiles)) {  // q1 and q2 bytes, then s, sx and sumq per block
     // decoding batches' matrices (T <= 8), and the LM head wherever it has <= 8 rows (a prompt chunk's
-    // last token: else its R16 rows would be unpacked for the fp32 path)
-    const int64_t t = T <= 8 ? T : 0, widths[4] = {D, H * d, I, D}, counts[4] = {t, t, t, n <= 8 ? n : 0};
+    // last token: else its R16 rows would be unpacked for the fp32 path); with the tiles, every step
+    const int64_t t = T <= 8 || i16_tiles ? T : 0, widths[4] = {D, H * d, I, D};
+    const int64_t counts[4] = {t, t, t, n <= 8 || i16_tiles ? n : 0};
     int64_t values = 0;
     for (int i = 0; i < 4; ++i) values += counts[i] * widths[i];
     i16_bytes = at::empty({2 * values}, at::TensorOptions().dtype(at::kChar));

@@ -3,6 +3,9 @@
 //   quant_linear_q8(x, w, format, K, bias?) -> [M, N] f32   x quantized to Q8 blocks first (q8_matmul.h)
 //   quant_linear_i16(x, w, format, K, bias?) -> [M, N] f32  x as int16 blocks, the weights' R16 copy
 //                                                            (r16_matmul.h; as the one-call step's Linear)
+//   quant_linear_r16(x, w, format, K, tiles) -> [M, N]   the same on w already in R16 (N % 16 == 0), any M:
+//                                                            tiles 1 AMX int8 tiles (r16_tiles.h), 0 the
+//                                                            VNNI kernel, -1 as the step chooses
 //   quant_r16_pack_(w, format, K) -> w                    w's blocks rewritten in the R16 layout, in place
 //   quant_linear_bf16x(x, w, format, K, row_scale?, bias?)   bf16 activations where the format has them
 //                                                            (prefill_gemm.h; bf16_activation_tiles(format))
@@ -17,6 +20,7 @@
 #include "q8_matmul.h"
 #include "quant_matmul.h"
 #include "r16_matmul.h"
+#include "r16_tiles.h"
 
 namespace voxlane {
 
@@ -107,6 +111,21 @@ at::Tensor quant_linear_q8(const at::Tensor& x, const at::Tensor& w, int64_t for
 // Whether format's int8-activation products of 16+ rows run in AMX int8 tiles here (q8_matmul.h).
 bool q8_activation_tiles(int64_t format) { return q8_tiles(format); }
 
+// x [M, cols] quantized to int16 blocks (r16::quantize_rows), in tensors held here.
+struct I16Input {
+  at::Tensor bytes, scales;
+  r16::I16Rows rows;
+  I16Input(const at::Tensor& x, int64_t cols) {
+    const int64_t M = x.size(0), nb = cols / r16::kBlock;
+    bytes = at::empty({2, M, cols}, x.options().dtype(at::kChar));
+    scales = at::empty({3, M, nb}, x.options());
+    float* sc = scales.data_ptr<float>();
+    rows = r16::I16Rows{bytes.data_ptr<int8_t>(), bytes.data_ptr<int8_t>() + M * cols, sc, sc + M * nb,
+                        reinterpret_cast<int32_t*>(sc + 2 * M * nb), cols};
+    r16::quantize_rows(x.data_ptr<float>(), M, cols, rows);
+  }
+};
+
 // Int16 activations (EngineConfig.int16_activations) as the one-call step runs them (decode_step.cpp's
 // Linear): x [M <= 8, K] quantized to int16 blocks, the weight's whole groups of 16 rows copied to the
 // R16 layout and multiplied there, the rows after the last whole group in fp32 (quant_matmul.h).
@@ -117,13 +136,9 @@ at::Tensor quant_linear_i16(const at::Tensor& x, const at::Tensor& w, int64_t fo
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) == cols &&
                   x.size(0) >= 1 && x.size(0) <= 8,
               "x: contiguous float32 [M <= 8, ", cols, "]");
-  const int64_t M = x.size(0), N = q.rows, grouped = N / r16::kRows * r16::kRows, nb = cols / r16::kBlock;
-  at::Tensor bytes = at::empty({2, M, cols}, x.options().dtype(at::kChar));
-  at::Tensor scales = at::empty({3, M, nb}, x.options());
-  const r16::I16Rows rows{bytes.data_ptr<int8_t>(), bytes.data_ptr<int8_t>() + M * cols, scales.data_ptr<float>(),
-                          scales.data_ptr<float>() + M * nb, reinterpret_cast<int32_t*>(scales.data_ptr<float>() + 2 * M * nb),
-                          cols};
-  r16::quantize_rows(x.data_ptr<float>(), M, cols, rows);
+  const int64_t M = x.size(0), N = q.rows, grouped = N / r16::kRows * r16::kRows;
+  const I16Input in(x, cols);
+  const r16::I16Rows& rows = in.rows;
   at::Tensor packed = at::empty({grouped, q.row_bytes}, w.options());
   if (grouped) r16::pack(format, q.data, grouped, cols, q.row_bytes, packed.data_ptr<uint8_t>());
   const r16::Weight r = r16::view(format, packed.data_ptr<uint8_t>(), grouped, cols, q.row_bytes);
@@ -141,6 +156,30 @@ at::Tensor quant_linear_i16(const at::Tensor& x, const at::Tensor& w, int64_t fo
       for (int64_t n = 0; n < grouped; ++n) yp[m * N + n] += q.bias[n];  // matvec added its rows' bias
   return y;
 }
+
+// x [M, K] as int16 blocks times w, already in the R16 layout (quant_r16_pack_; N % 16 == 0), no bias:
+// tiles = 1 in AMX int8 tiles (an error where they cannot run), 0 the VNNI kernel (r16::matvec), -1 as
+// the one-call step's Linear chooses (r16::product). Each thread takes a contiguous range of groups.
+at::Tensor quant_linear_r16(const at::Tensor& x, const at::Tensor& w, int64_t format, int64_t cols, int64_t tiles) {
+  const QWeight q = qweight_of(w, format, cols, c10::nullopt, c10::nullopt);
+  TORCH_CHECK(r16::has_layout(format) && q.rows % r16::kRows == 0, "format ", format, " with ", q.rows,
+              " rows: no R16 layout");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) == cols && x.size(0) >= 1,
+              "x: contiguous float32 [M, ", cols, "]");
+  TORCH_CHECK(tiles != 1 || r16::tiles_run(r16::kTileMinRows), "AMX int8 tiles do not run here");
+  const int64_t M = x.size(0), N = q.rows;
+  const I16Input in(x, cols);
+  const r16::I16Rows& rows = in.rows;
+  const r16::Weight r = r16::view(format, q.data, N, cols, q.row_bytes);
+  at::Tensor y = at::empty({M, N}, x.options());
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, N / r16::kRows, 1, [&](int64_t g0, int64_t g1) {
+    r16::product(r, rows, M, yp, N, g0 * r16::kRows, g1 * r16::kRows, static_cast<int>(tiles));
+  });
+  return y;
+}
+
+int64_t r16_tile_calls() { return r16::tile_calls(); }
 
 // w (file blocks, N % 16 == 0 rows) rewritten in place in the R16 layout: what the model's weights
 // become when int16 activations are on (engine/native_weights.py's pack_r16). Returns w.
@@ -203,6 +242,8 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
   m.def("quant_linear_q8(Tensor x, Tensor w, int format, int cols, Tensor? bias) -> Tensor");
   m.def("quant_linear_i16(Tensor x, Tensor w, int format, int cols, Tensor? bias) -> Tensor");
   m.def("r16_vnni() -> bool", &voxlane::r16_vnni);
+  m.def("quant_linear_r16(Tensor x, Tensor w, int format, int cols, int tiles) -> Tensor");
+  m.def("r16_tile_calls() -> int", &voxlane::r16_tile_calls);
   m.def("r16_layout(int format) -> bool", &voxlane::r16_layout);
   m.def("quant_r16_pack_(Tensor(a!) w, int format, int cols) -> Tensor(a!)");
   m.def("quant_linear_bf16x(Tensor x, Tensor w, int format, int cols, Tensor? row_scale, Tensor? bias) -> Tensor");
@@ -219,6 +260,7 @@ TORCH_LIBRARY_IMPL(voxlane, CPU, m) {
   m.impl("quant_linear_bf16x", &voxlane::quant_linear_bf16x);
   m.impl("quant_linear_i16", &voxlane::quant_linear_i16);
   m.impl("quant_r16_pack_", &voxlane::quant_r16_pack_);
+  m.impl("quant_linear_r16", &voxlane::quant_linear_r16);
   m.impl("quant_dequantize", &voxlane::quant_dequantize);
   m.impl("quant_embedding", &voxlane::quant_embedding);
 }

@@ -136,7 +136,16 @@ def test_decode_step_uses_int16_and_stays_close(ops, smollm2_native):
     8 rows writes the same k/v (bit-equal: its layers keep the fp32 path, on rows unpacked from R16);
     its one logit row goes through the int16 head (close, not equal). Then the
     packed model without the flag: every step bit-equal to the unpacked model's (the embedding and
-    every matrix read back from R16)."""
+    every matrix read back from R16). With AMX off: where it runs, prompt chunks with the flag take
+    R16's int16 tiles (engine/r16_tiles.h; tests/engine/test_r16_tiles.py)."""
+    ops.set_prefill_amx(False)
+    try:
+        _decode_step_uses_int16_and_stays_close(smollm2_native)
+    finally:
+        ops.set_prefill_amx(True)
+
+
+def _decode_step_uses_int16_and_stays_close(smollm2_native):
     from engine.kv_cache import KVCache
     from engine.native_step import build_decoder
 

@@ -1,0 +1,215 @@
+// AMX int8 tiles reading R16 directly, with int16 activations (EngineConfig.int16_activations): the
+// products of M >= kTileMinRows activation rows (prompt chunks; decoding batches keep the VNNI kernel) on
+// the R16-covered formats (Q4_0, Q4_1, Q8_0; r16_matmul.h describes the layout and the activations).
+//
+// One product per 32-value block and part of x: C[m][n] = sum_k A[m][k] B[k][n] (TDPBSUD: A signed,
+// B unsigned) with
+//   A = q1 (or q2) of up to 16 activation rows at block b: rows of 32 bytes, read in place from the
+//       I16Rows (row stride K; no packing: the tile has as many rows as there are activation rows);
+//   B = the block's 16 weight rows as columns, 8 rows of 16 x 4 consecutive K bytes: AMX's VNNI layout,
+//       which R16's 64-byte lines are. Q8_0's 8 lines (u = q + 128) are the B tile as they lie in the
+//       group (loaded with stride 64). A Q4 line j holds K 4j..4j+3 in its low nibbles and 16+4j.. in
+//       its high ones: per group its lines are split once into 8 B rows per block (a per-worker buffer
+//       of nb x 512 bytes, reused by every 16 activation rows).
+// Two products per block (q1 and q2) into two C tiles; the epilogue per activation row m (lanes:
+// the 16 weight rows) is r16_matmul.h's, dot = (C1 << 7) + C2 - Z sum(Q) (Z = 8 for Q4_0, 128 for
+// Q8_0, in int32), acc[m] += float(dot) * (d[16] * s[m]) (+ m[16] * sx[m] for Q4_1): the same integer
+// sums as the vector kernel and the same fp32 operations per block in the same order, so the results
+// are its own (bit-equal where the compiler emits the same FMAs): tile_calls() counts the tiles' calls.
+// The products of block b + 1 are issued before block b's epilogue (two banks of two C tiles), as in
+// q8_matmul.h's amx::q8_weights, and the next group's bytes are prefetched while one is multiplied.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "q8_matmul.h"
+#include "r16_matmul.h"
+
+namespace voxlane::r16 {
+
+// Activation rows from which R16 products run in tiles (where AMX runs): prompt chunks only. Why
+// (`python -m bench.linear_ab --int16`, SmolLM2's Q4_1 matrices, 1 thread, load 3.4): at 2 rows the
+// tiles took 1.5-1.7x the VNNI kernel's time (0.084 vs 0.055 ms for gate/up), at 8 rows 1.0x (gate/up,
+// q) and 1.25x (down); from 16 rows they are 1.16-1.46x faster (two products and two tile stores per
+// block and 16 activation rows; the VNNI kernel takes 8 rows per pass over the weights).
+constexpr int64_t kTileMinRows = 9;
+
+#if defined(VOXLANE_AMX_INT8) && defined(VOXLANE_R16_VNNI)
+#define VOXLANE_R16_TILES 1
+namespace tiles {
+
+inline std::atomic<int64_t>& calls() {
+  static std::atomic<int64_t> n{0};
+  return n;
+}
+
+// C0-C3 (R x 64 bytes), A0, A1 (tiles 4, 5: R x 32 bytes), B (tile 6: 8 x 64 bytes); R activation rows.
+struct alignas(64) Config {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 32, 32, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 8};
+  explicit Config(int R) {
+    for (int t = 0; t < 6; ++t) rows[t] = static_cast<uint8_t>(R);
+  }
+};
+
+// A Q4 group's lines -> B tiles (per block: rows 0-3 the low nibbles of lines 0-3, rows 4-7 the high).
+inline void split_nibbles(const uint8_t* lines, int64_t nb, uint8_t* out) {
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  for (int64_t b = 0; b < nb; ++b)
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = _mm512_loadu_si512(lines + (4 * b + j) * 64);
+      _mm512_store_si512(out + 512 * b + 64 * j, _mm512_and_si512(v, low));
+      _mm512_store_si512(out + 512 * b + 64 * (4 + j), _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+    }
+}
+
+// y[m, n] = x^[m] . W[n] for weight rows [n0, n1) (multiples of 16) and all M rows of x.
+template <class B>
+inline void matmul(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  using Lay = Layout<B>;
+  const int64_t K = x.K, nb = w.nblocks, groups = w.rows / kRows;
+  thread_local std::vector<uint8_t> split;  // Q4: one group's B tiles
+  thread_local std::vector<int32_t> offsets;  // Q4_0 / Q8_0: -Z sum(Q) per row and block
+  uint8_t* sp = nullptr;
+  if constexpr (Lay::kNibbles) {
+    split.resize(static_cast<size_t>(nb * 512 + 64));
+    sp = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(split.data()) + 63) & ~uintptr_t(63));
+  }
+  int32_t* off = nullptr;
+  if constexpr (Lay::kOffset != 0) {
+    offsets.resize(static_cast<size_t>(M * nb));
+    for (int64_t i = 0; i < M * nb; ++i) offsets[i] = -Lay::kOffset * x.sumq[i];
+    off = offsets.data();
+  }
+  __asm__("" : "+r"(sp), "+r"(off));  // plain pointers (no thread_local look-ups in the loops)
+  alignas(64) int32_t c[4][256];
+  int loaded = -1;
+  calls().fetch_add(1, std::memory_order_relaxed);
+  for (int64_t g = n0 / kRows; g < n1 / kRows; ++g) {
+    const uint8_t* group = w.group(g);
+    const uint8_t* next = w.group(std::min(g + 1, groups - 1));
+    const uint8_t* scales = group + w.lines_bytes;
+    const uint8_t* bt = group;
+    if constexpr (Lay::kNibbles) {
+      split_nibbles(group, nb, sp);
+      bt = sp;
+    }
+    __asm__ volatile("" ::: "memory");  // the split tiles written before the tile loads read them
+    for (int64_t m0 = 0; m0 < M; m0 += 16) {
+      const int R = static_cast<int>(std::min<int64_t>(16, M - m0));
+      if (R != loaded) {
+        // static: gcc's _tile_loadconfig tells the compiler it reads 8 bytes, so a config built on the
+        // stack here had its other bytes never stored
+        static const Config configs[16] = {Config(1), Config(2),  Config(3),  Config(4),  Config(5),  Config(6),
+                                           Config(7), Config(8),  Config(9),  Config(10), Config(11), Config(12),
+                                           Config(13), Config(14), Config(15), Config(16)};
+        _tile_loadconfig(&configs[R - 1]);
+        loaded = R;
+      }
+      const int8_t *q1 = x.q1 + m0 * K, *q2 = x.q2 + m0 * K;
+      const float *s = x.s + m0 * nb, *sx = x.sx + m0 * nb;
+      const int32_t* o = off ? off + m0 * nb : nullptr;
+      __m512 acc[16];
+      for (int m = 0; m < 16; ++m) acc[m] = _mm512_setzero_ps();
+      auto epilogue = [&](const int32_t* c1, const int32_t* c2, int64_t b) {
+        // the next group's bytes of this block (lines and scales) on their way
+        for (int j = 0; j < Lay::kLines; ++j)
+          _mm_prefetch(reinterpret_cast<const char*>(next + (b * Lay::kLines + j) * 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(next + w.lines_bytes + b * Lay::kScaleBytes), _MM_HINT_T0);
+        const uint8_t* sc = scales + b * Lay::kScaleBytes;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
+        __m512 mn = d;
+        if constexpr (Lay::kMin) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)));
+#pragma GCC unroll 16
+        for (int m = 0; m < 16; ++m) {
+          if (m >= R) break;
+          __m512i v = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(c1 + 16 * m), 7),
+                                       _mm512_load_si512(c2 + 16 * m));
+          if constexpr (Lay::kOffset != 0) v = _mm512_add_epi32(v, _mm512_set1_epi32(o[m * nb + b]));
+          acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(d, _mm512_set1_ps(s[m * nb + b])), acc[m]);
+          if constexpr (Lay::kMin) acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(sx[m * nb + b]), acc[m]);
+        }
+      };
+      // Tile numbers are immediates (gcc pastes them into the instruction): macros.
+#define VOXLANE_R16_PRODUCTS(C1, C2, b)            \
+  do {                                             \
+    _tile_zero(C1);                                \
+    _tile_zero(C2);                                \
+    _tile_loadd(6, bt + 512 * (b), 64);            \
+    _tile_loadd(4, q1 + kBlock * (b), K);          \
+    _tile_loadd(5, q2 + kBlock * (b), K);          \
+    _tile_dpbsud(C1, 4, 6);                        \
+    _tile_dpbsud(C2, 5, 6);                        \
+  } while (0)
+      VOXLANE_R16_PRODUCTS(0, 1, 0);
+      VOXLANE_TILE_STORE(0, c[0]);
+      VOXLANE_TILE_STORE(1, c[1]);
+      int64_t b = 0;
+      for (; b + 2 <= nb; b += 2) {  // bank 0 (c[0], c[1]) holds block b, stored
+        VOXLANE_R16_PRODUCTS(2, 3, b + 1);
+        epilogue(c[0], c[1], b);
+        VOXLANE_TILE_STORE(2, c[2]);
+        VOXLANE_TILE_STORE(3, c[3]);
+        const bool more = b + 2 < nb;
+        if (more) VOXLANE_R16_PRODUCTS(0, 1, b + 2);
+        epilogue(c[2], c[3], b + 1);
+        if (more) {
+          VOXLANE_TILE_STORE(0, c[0]);
+          VOXLANE_TILE_STORE(1, c[1]);
+        }
+      }
+      if (b < nb) epilogue(c[0], c[1], b);  // an odd block count: the last block, in bank 0
+#undef VOXLANE_R16_PRODUCTS
+      for (int m = 0; m < R; ++m) _mm512_storeu_ps(y + (m0 + m) * ldy + g * kRows, acc[m]);
+    }
+  }
+  if (loaded >= 0) _tile_release();
+}
+
+}  // namespace tiles
+#endif
+
+// Whether R16 products of M activation rows run in AMX int8 tiles here (built with them, AMX allowed
+// and usable, M >= kTileMinRows).
+inline bool tiles_run(int64_t M) {
+#if defined(VOXLANE_R16_TILES)
+  return M >= kTileMinRows && amx_runs();
+#else
+  (void)M;
+  return false;
+#endif
+}
+
+// Calls of the tile kernel so far (tests: the tiles ran; -1 without them in this build).
+inline int64_t tile_calls() {
+#if defined(VOXLANE_R16_TILES)
+  return tiles::calls().load();
+#else
+  return -1;
+#endif
+}
+
+// y[m, n] = x^[m] . W[n] for weight rows [n0, n1) (multiples of 16) and M rows of x: in tiles where
+// tiles_run(M) (or tiles = 1 asks for them, 0 for the vector kernel; the ops' tests and benchmarks),
+// else r16::matvec (VNNI, 8 activation rows at a time).
+inline void product(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
+                    int tiles = -1) {
+  const bool use = tiles < 0 ? tiles_run(M) : tiles == 1;
+#if defined(VOXLANE_R16_TILES)
+  if (use) {
+    gguf::with_format(w.format, [&](auto block) {
+      using B = decltype(block);
+      if constexpr (has_layout<B>()) tiles::matmul<B>(w, x, M, y, ldy, n0, n1);
+    });
+    return;
+  }
+#endif
+  (void)use;
+  matvec(w, x, M, y, ldy, n0, n1);
+}
+
+}  // namespace voxlane::r16
