@@ -22,7 +22,7 @@ import time
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.linear_ab", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default="16,43,512", help="activation rows, comma-separated")
+    parser.add_argument("--rows", help="activation rows, comma-separated (16,43,512; --int16: 2,8,16,43,512)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--models", default="qwen2.5-0.5b-instruct,smollm2-135m-instruct")
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                                           ("q", ["blk.0.attn_q.weight"])],
                 "smollm2-135m-instruct": [("gate/up", ["blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"]),
                                           ("down", ["blk.0.ffn_down.weight"])]}
-    rows = [int(r) for r in args.rows.split(",")]
+    rows = [int(r) for r in (args.rows or "16,43,512").split(",")]
     print(f"load before: {os.getloadavg()[0]:.2f}")
     for model in args.models.split(","):
         tensors = GGUFTensors(model_store.gguf_path(model))
@@ -91,7 +91,7 @@ def int16_main(args) -> int:
         raise SystemExit("no AMX here (or no kernels): nothing to compare")
     matrices = [("gate/up", ["blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"]), ("down", ["blk.0.ffn_down.weight"]),
                 ("q", ["blk.0.attn_q.weight"])]
-    rows = [int(r) for r in (args.rows if args.rows != "16,43,512" else "2,8,16,43,512").split(",")]
+    rows = [int(r) for r in (args.rows or "2,8,16,43,512").split(",")]
     print(f"load before: {os.getloadavg()[0]:.2f}")
     tensors = GGUFTensors(model_store.gguf_path("smollm2-135m-instruct"))
     for label, names in matrices:

@@ -9,11 +9,12 @@ from bench import prompt_ab
 from engine import kernels
 
 
-def test_one_round_prints_both_arms(capsys, smollm2_dir):
+@pytest.mark.parametrize("flags", [["--quant", "int8"], ["--quant", "native", "--int16-activations"]])
+def test_one_round_prints_both_arms(capsys, smollm2_dir, flags):
     ops = kernels.load_kernels()
     if ops is None or not ops.set_prefill_amx(True):
         pytest.skip("no AMX here (or no kernels): prompt_ab has nothing to compare and says so")
-    prompt_ab.main(["--quant", "int8", "--rounds", "1", "--ttft-samples", "1", "--threads", "1"])
+    prompt_ab.main([*flags, "--rounds", "1", "--ttft-samples", "1", "--threads", "1"])
     out = capsys.readouterr().out
     for arm in ("amx", "fma"):
         match = re.search(rf"^{arm}: TTFT median ([\d.]+) ms .*prefill median (\d+) tok/s", out, re.M)
