@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torch-profiler", action="store_true", help="torch's operator table of the steps")
     parser.add_argument("--int8-activations", action="store_true", help="EngineConfig.int8_activations (native)")
     parser.add_argument("--bf16-activations", action="store_true", help="EngineConfig.bf16_activations (native)")
+    parser.add_argument("--int16-activations", action="store_true", help="EngineConfig.int16_activations (native)")
     parser.add_argument("--ab-int8-activations", action="store_true",
                         help="alternate fp32 / int8 activations on one decoder (quant native), --rounds rounds")
     parser.add_argument("--rounds", type=int, default=5)
@@ -52,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                  max_batch_size=max(args.batch, 1),
                                                                  num_threads=args.threads,
                                                                  int8_activations=args.int8_activations,
-                                                                 bf16_activations=args.bf16_activations),
+                                                                 bf16_activations=args.bf16_activations,
+                                                                 int16_activations=args.int16_activations),
                             background=False)
     runner = engine.runner
     slots = list(range(args.batch))
@@ -71,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     steps(4)  # warm-up
     if args.ab_int8_activations:
         return ab_int8_activations(args, engine, steps)
-    result: dict = {"quant": args.quant, "int8_activations": args.int8_activations, "batch": args.batch, "threads": args.threads, "load_avg": os.getloadavg()[0]}
+    result: dict = {"quant": args.quant, "int8_activations": args.int8_activations,
+                    "int16_activations": args.int16_activations, "batch": args.batch, "threads": args.threads, "load_avg": os.getloadavg()[0]}
     if args.torch_profiler:
         from torch.profiler import ProfilerActivity, profile
 
@@ -95,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"{args.quant}{', int8 activations' if args.int8_activations else ''}, batch {args.batch}, {args.threads} threads: {result['ms_per_step']:.2f} ms per step "
+    print(f"{args.quant}{', int8 activations' if args.int8_activations else ''}"
+          f"{', int16 activations' if args.int16_activations else ''}, batch {args.batch}, {args.threads} threads: {result['ms_per_step']:.2f} ms per step "
           f"(wall), 1-min load average {result['load_avg']:.1f}"
           + (f", {result['solo_steps']} steps on one thread (helpers stalled)" if "solo_steps" in result else ""))
     if "aten_calls_per_step" in result:

@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict
 
 GROUPS = ("baseline", "fp32", "int8", "native", "transformers-fp32", "transformers-int8", "llama-cpp", "conversation", "quality")
+EXTRA_GROUPS = ("native-int16",)  # only when asked for by name (--groups)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -28,7 +29,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=3, help="measured runs per figure, median reported (default 3)")
     parser.add_argument("--batch", type=int, help="streams in the batching rows (default 8; 2 with --quick)")
     parser.add_argument("--prefill-tokens", type=int, default=500, help="prompt length for prefill tok/s")
-    parser.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated subset of {','.join(GROUPS)}")
+    parser.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated subset of {','.join(GROUPS)} (default: all), or {','.join(EXTRA_GROUPS)}")
     parser.add_argument("--quick", action="store_true",
                         help="shortened settings for tests (8 tokens, 1 run, batch 2 unless --batch says)")
     parser.add_argument("--in-process", action="store_true", help="run all groups in this process")
@@ -40,6 +41,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="--peer: ours with EngineConfig.int8_activations (needs --quant native)")
     parser.add_argument("--bf16-activations", action="store_true",
                         help="--peer: ours with EngineConfig.bf16_activations (needs --quant native)")
+    parser.add_argument("--int16-activations", action="store_true",
+                        help="--peer: ours with EngineConfig.int16_activations (needs --quant native)")
     parser.add_argument("--_group", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -66,6 +69,9 @@ def run_group(group: str, model_dir, settings, quick: bool) -> dict:
         return {"rows": rows.engine_rows(model_dir, "int8", settings, "INT8")}
     if group == "native":  # the GGUF's own blocks (Q4_1 + Q8_0 for SmolLM2)
         return {"rows": rows.engine_rows(model_dir, "native", settings, "native GGUF")}
+    if group == "native-int16":  # the same with EngineConfig.int16_activations (its weights repacked in 16-row groups)
+        return {"rows": rows.engine_rows(model_dir, "native", settings, "int16-activation native GGUF",
+                                         int16_activations=True)}
     if group in ("transformers-fp32", "transformers-int8"):
         return {"rows": rows.transformers_rows(model_dir, settings, int8=group.endswith("int8"))}
     if group == "llama-cpp":
@@ -182,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         from engine.native_weights import native_gguf_path
 
         result = compare(model_dir, native_gguf_path(model_dir), settings, args.quant, log=sys.stderr,
-                         int8_activations=args.int8_activations, bf16_activations=args.bf16_activations)
+                         int8_activations=args.int8_activations, bf16_activations=args.bf16_activations,
+                         int16_activations=args.int16_activations)
         print(json.dumps(result, indent=2) if args.json else format_peer(result, settings))
         return 0
     if args._group:  # child process of an isolated run

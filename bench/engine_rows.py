@@ -67,7 +67,8 @@ def row(name: str, **figures) -> dict:
 
 
 # ---- our engine ----
-def engine_rows(model_dir, quant: str, settings: BenchSettings, label: str) -> list[dict]:
+def engine_rows(model_dir, quant: str, settings: BenchSettings, label: str,
+                int16_activations: bool = False) -> list[dict]:
     """Rows '+ KV cache' style (batch 1) and '+ batching' (batch N) for one engine configuration."""
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
@@ -75,7 +76,8 @@ def engine_rows(model_dir, quant: str, settings: BenchSettings, label: str) -> l
 
     config = EngineConfig(dtype="float32", quant=quant, max_batch_size=max(settings.batch, 1),
                           num_slots=max(settings.batch, 1), max_seq_len=1024, admission_window_ms=0,
-                          prefill_chunk_tokens=512, num_threads=settings.threads)
+                          prefill_chunk_tokens=512, num_threads=settings.threads,
+                          int16_activations=int16_activations)
     engine = LLMEngine(model_dir, config)  # the background thread, as the app uses it
     greedy = SamplingParams(temperature=0.0, max_tokens=settings.tokens)
 

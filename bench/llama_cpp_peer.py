@@ -65,7 +65,7 @@ class OurEngine:
     """Our engine on the same GGUF (``quant``), measured one figure at a time."""
 
     def __init__(self, model_dir: Path, quant: str, settings, int8_activations: bool = False,
-                 bf16_activations: bool = False):
+                 bf16_activations: bool = False, int16_activations: bool = False):
         from engine.config import EngineConfig
         from engine.engine import LLMEngine
 
@@ -75,7 +75,8 @@ class OurEngine:
                                                         admission_window_ms=0, prefill_chunk_tokens=1024,
                                                         num_threads=settings.threads,
                                                         int8_activations=int8_activations,
-                                                        bf16_activations=bf16_activations))
+                                                        bf16_activations=bf16_activations,
+                                                        int16_activations=int16_activations))
         self.vocab = len(self.engine.tokenizer)
 
     def _ids(self, n: int, seed: int) -> list[int]:
@@ -131,12 +132,12 @@ def _median(values: list[float]) -> float:
 
 
 def compare(model_dir: Path, gguf: Path, settings, quant: str = "native", log=None,
-            int8_activations: bool = False, bf16_activations: bool = False) -> dict:
+            int8_activations: bool = False, bf16_activations: bool = False, int16_activations: bool = False) -> dict:
     """Ours and llama.cpp's figures on ``gguf``, alternating within each round, median over
     ``settings.runs`` rounds after a warm-up -> {"ours": {...}, "llama.cpp": {...}, "ratios": {...},
     "load_avg": [at start, at end]}."""
     tools, variant = build_llama_cpp(smoke_gguf=gguf)  # the first build that runs a prompt here
-    ours = OurEngine(model_dir, quant, settings, int8_activations, bf16_activations)
+    ours = OurEngine(model_dir, quant, settings, int8_activations, bf16_activations, int16_activations)
     t, n, b = settings.threads, settings.tokens, settings.batch
     measures = {  # name -> (ours, theirs)
         "decode_tok_s": (ours.decode_tok_s, lambda seed: llama_bench(tools, gguf, t, 0, n)),
@@ -176,7 +177,8 @@ def compare(model_dir: Path, gguf: Path, settings, quant: str = "native", log=No
     return {**result, "samples": figures, "ratios": ratios, "errors": errors, "load_avg": [round(load_start, 2),
                                                                          round(os.getloadavg()[0], 2)],
             "gguf": gguf.name, "quant": quant + (", int8 activations" if int8_activations else "")
-                     + (", bf16 activations" if bf16_activations else ""),
+                     + (", bf16 activations" if bf16_activations else "")
+                     + (", int16 activations" if int16_activations else ""),
             "peer_build": variant.name}
 
 

@@ -28,6 +28,11 @@ class EngineConfig:
     # multiply the file's weights exactly in AMX tiles (engine/prefill_gemm.h); other formats, decoding
     # batches and machines without AMX keep fp32 activations
     bf16_activations: bool = False
+    # native only: decoding batches (<= 8 rows) quantize the inputs of Q4_0 / Q4_1 / Q8_0 matmuls to int16
+    # per block of 32 (finer than bf16) and multiply them through VNNI, those weights rewritten in place
+    # in a 16-row interleaved layout (engine/r16_matmul.h; no extra memory); prompt chunks and other
+    # formats keep their activations
+    int16_activations: bool = False
     max_batch_size: int = 8  # sequences decoded together in one step
     num_slots: int = 8  # KV-cache slots (running sequences + idle conversations kept warm)
     num_shared_prefixes: int = 4  # read-only cache rows for prompt starts shared by sessions (system prompts)
@@ -55,6 +60,13 @@ class EngineConfig:
             raise ValueError(f"bf16_activations: needs quant 'native' (the GGUF's block formats), got {self.quant!r}")
         if self.bf16_activations and self.int8_activations:
             raise ValueError("bf16_activations: not with int8_activations (one activation precision at a time)")
+        if self.int16_activations not in (True, False):
+            raise ValueError(f"int16_activations: must be true or false, got {self.int16_activations!r}")
+        if self.int16_activations and self.quant != "native":
+            raise ValueError(f"int16_activations: needs quant 'native' (the GGUF's block formats), got {self.quant!r}")
+        if self.int16_activations and (self.int8_activations or self.bf16_activations):
+            raise ValueError("int16_activations: not with int8_activations or bf16_activations "
+                             "(one activation precision at a time)")
         if not 1 <= self.max_batch_size <= 256:
             raise ValueError(f"max_batch_size: must be in [1, 256], got {self.max_batch_size}")
         if not 1 <= self.num_slots <= 1024:

@@ -12,7 +12,10 @@
 // blocks, our per-channel int8, or fp32). Activations and accumulation are fp32, except with
 // set_int8_activations(true): then each phase that produces a matrix's input also quantizes it to Q8
 // blocks (q8_matmul.h; per block of 32, so a task quantizes exactly the values it wrote), and the
-// GGUF-format weights multiply those with integer dot products (llama.cpp's way).
+// GGUF-format weights multiply those with integer dot products (llama.cpp's way); or with
+// set_int16_activations(true), in decoding batches (<= 8 rows) the same phases quantize the inputs to
+// int16 blocks and the Q4_0 / Q4_1 / Q8_0 weights multiply them through VNNI in their 16-row
+// interleaved layout (r16_matmul.h; the model's tensors packed in place, add_linear's r16 flag).
 // Shapes: B sequences, D hidden, H / Hkv heads, d head dim, I intermediate, V vocabulary,
 // S cache slots, L positions per slot.
 #include <ATen/ATen.h>
@@ -30,6 +33,7 @@
 #include "decode_ops.h"
 #include "q8_matmul.h"
 #include "quant_matmul.h"
+#include "r16_matmul.h"
 #include "step_pool.h"
 
 namespace voxlane {
@@ -40,6 +44,7 @@ QWeight qweight_of(const at::Tensor& w, int64_t format, int64_t cols, const c10:
 // A linear layer as row segments (q | k | v, gate | up), possibly of different formats.
 struct Linear {
   std::vector<QWeight> parts;
+  std::vector<r16::Weight> r16;  // per part: its R16 view when its bytes are in that layout (data null: not)
   int64_t rows = 0, cols = 0;
   const float* bias = nullptr;
 
@@ -47,18 +52,55 @@ struct Linear {
   // as Q8 blocks), the segments of a GGUF block format use the integer path.
   // pack: x's bf16 tiles for the prefill GEMM's AMX path, or xq's int8 tiles (one per worker, tagged by phase).
   // bf16x: bf16 activations for the formats that have them (quant_matmul.h's matvec).
+  // xi (x as int16 blocks, M <= 8): the segments in the R16 layout multiply it in their whole groups of
+  // 16 rows within [n0, n1) (r16_matmul.h). Every other product with an R16 segment (prompt chunks,
+  // fp32 or int8 activations, rows outside whole groups) unpacks its rows to the file's blocks first.
   void run(const float* x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
-           const Q8Rows* xq = nullptr, XPack* pack = nullptr, bool bf16x = false) const {
+           const Q8Rows* xq = nullptr, XPack* pack = nullptr, bool bf16x = false,
+           const r16::I16Rows* xi = nullptr) const {
     int64_t base = 0;
-    for (const QWeight& w : parts) {
-      const int64_t a = std::max(n0, base), b = std::min(n1, base + w.rows);
-      if (a < b && xq && has_q8_path(w.format)) matvec_q8(w, *xq, M, y + base, ldy, a - base, b - base, pack);
-      else if (a < b) matvec(w, x, M, cols, y + base, ldy, a - base, b - base, pack, bf16x);
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const QWeight& w = parts[i];
+      const int64_t a = std::max(n0, base) - base, b = std::min(n1, base + w.rows) - base;
+      float* yw = y + base;
+      if (a < b && r16[i].data) {
+        const int64_t g0 = xi ? (a + r16::kRows - 1) / r16::kRows * r16::kRows : b, g1 = xi ? b / r16::kRows * r16::kRows : b;
+        if (g0 < g1) {
+          r16::matvec(r16[i], *xi, M, yw, ldy, g0, g1);
+          if (a < g0) unpacked(i, x, M, yw, ldy, a, g0, xq, pack, bf16x);
+          if (g1 < b) unpacked(i, x, M, yw, ldy, g1, b, xq, pack, bf16x);
+        } else {
+          unpacked(i, x, M, yw, ldy, a, b, xq, pack, bf16x);
+        }
+      } else if (a < b) {
+        file_rows(w, x, M, yw, ldy, a, b, xq, pack, bf16x);
+      }
       base += w.rows;
     }
     if (bias)
       for (int64_t m = 0; m < M; ++m)
         for (int64_t n = n0; n < n1; ++n) y[m * ldy + n] += bias[n];
+  }
+
+  // Rows [a, b) of a segment in the file's layout.
+  static void file_rows(const QWeight& w, const float* x, int64_t M, float* y, int64_t ldy, int64_t a, int64_t b,
+                        const Q8Rows* xq, XPack* pack, bool bf16x) {
+    if (xq && has_q8_path(w.format)) matvec_q8(w, *xq, M, y, ldy, a, b, pack);
+    else matvec(w, x, M, w.cols, y, ldy, a, b, pack, bf16x);
+  }
+
+  // Rows [a, b) of R16 segment i: its rows unpacked to the file's blocks in a thread-local buffer (a
+  // prompt task's 16-128 rows: ~6-45 KB, small next to the products of its rows of x), then file_rows.
+  void unpacked(size_t i, const float* x, int64_t M, float* y, int64_t ldy, int64_t a, int64_t b, const Q8Rows* xq,
+                XPack* pack, bool bf16x) const {
+    thread_local std::vector<uint8_t> rows;
+    const QWeight& w = parts[i];
+    rows.resize((b - a) * w.row_bytes);
+    r16::unpack_rows(r16[i], a, b, rows.data());
+    QWeight part = w;
+    part.data = rows.data();
+    part.rows = b - a;
+    file_rows(part, x, M, y + a, ldy, 0, b - a, xq, pack, bf16x);
   }
 };
 
@@ -76,11 +118,12 @@ class NativeDecoder;
 // 256 rows and 1.14 at 39, N = 3,088 (16 rows more) 2.3 and 0.89.
 inline int64_t gate_up_stride(int64_t I) { return 2 * I + 16; }
 
-// The step's buffers (each [B, width] row-major), and the Q8 blocks of the matrices' inputs (h, attn,
-// act, h_logits; q null when activations stay fp32).
+// The step's buffers (each [B, width] row-major), and the Q8 (int8 activations) or int16 blocks (int16
+// activations) of the matrices' inputs (h, attn, act, h_logits; q / q1 null when not used).
 struct StepBuffers {
   float *residual, *h, *delta, *qkv, *attn, *gate_up, *act, *h_logits, *logits, *cos, *sin;
   Q8Rows hq, attnq, actq, logitq;
+  r16::I16Rows hi, attni, acti, logiti;
 };
 
 class NativeDecoder : public torch::CustomClassHolder {
@@ -111,14 +154,19 @@ class NativeDecoder : public torch::CustomClassHolder {
 
   // role: "qkv", "o", "gate_up", "down" (layer >= 0), "head", "embed" (layer -1). Segments of
   // one layer are appended in row order; a bias applies to the whole layer (given once).
+  // r16: the blocks are in the R16 layout (r16_matmul.h; packed in place by the model for int16 activations).
   void add_linear(int64_t layer, const std::string& role, at::Tensor blocks, int64_t format, int64_t cols,
-                  c10::optional<at::Tensor> row_scale, c10::optional<at::Tensor> bias) {
+                  c10::optional<at::Tensor> row_scale, c10::optional<at::Tensor> bias, bool r16) {
     Linear& linear = linear_of(layer, role);
     QWeight w = qweight_of(blocks, format, cols, row_scale, c10::nullopt);
     TORCH_CHECK(linear.parts.empty() || linear.cols == cols, role, ": segments of different widths");
     keep({blocks});
     if (row_scale.has_value()) keep({*row_scale});
     linear.parts.push_back(w);
+    TORCH_CHECK(!r16 || (r16::has_layout(format) && w.rows % r16::kRows == 0), role,
+                ": the R16 layout needs Q4_0 / Q4_1 / Q8_0 rows in groups of ", r16::kRows);
+    linear.r16.push_back(r16 ? r16::view(format, w.data, w.rows, cols, w.row_bytes) : r16::Weight{});
+    if (r16 && role != "embed") r16_bytes_ += w.rows * w.row_bytes;
     linear.rows += w.rows;
     linear.cols = cols;
     if (bias.has_value()) {
@@ -156,9 +204,22 @@ class NativeDecoder : public torch::CustomClassHolder {
   void set_int8_activations(bool on) {
     TORCH_CHECK(!on || (D % kQ8 == 0 && d % kQ8 == 0 && I % kQ8 == 0),
                 "int8 activations need dim, head_dim and intermediate_size multiples of ", kQ8);
+    TORCH_CHECK(!on || !int16_activations_, "int8 activations: not with int16 activations");
     int8_activations_ = on;
   }
   bool int8_activations() const { return int8_activations_; }
+
+  // Int16 activations in decoding batches (<= 8 rows) for the matrices added in the R16 layout (Q4_0,
+  // Q4_1, Q8_0 with rows in groups of 16; r16_matmul.h); the others keep fp32 activations.
+  void set_int16_activations(bool on) {
+    TORCH_CHECK(!on || (D % r16::kBlock == 0 && d % r16::kBlock == 0 && I % r16::kBlock == 0),
+                "int16 activations need dim, head_dim and intermediate_size multiples of ", r16::kBlock);
+    TORCH_CHECK(!on || !int8_activations_, "int16 activations: not with int8 activations");
+    int16_activations_ = on;
+  }
+  bool int16_activations() const { return int16_activations_; }
+  // Bytes of the matrices added in the R16 layout (the embedding not counted again).
+  int64_t r16_bytes() const { return r16_bytes_; }
 
   // bf16 activations for the GGUF formats whose weights are exact in two bf16 tiles (Q4_0, Q5_0, Q4_1;
   // prefill_gemm.h), from kBf16MinRows rows on (prompt chunks), where AMX runs; every other format and
@@ -191,6 +252,8 @@ class NativeDecoder : public torch::CustomClassHolder {
   bool profiling_ = false;
   bool int8_activations_ = false;
   bool bf16_activations_ = false;
+  bool int16_activations_ = false;
+  int64_t r16_bytes_ = 0;
   std::array<std::atomic<int64_t>, 10> profile_ns_{};
 
   void keep(std::initializer_list<at::Tensor> tensors) { owned_.insert(owned_.end(), tensors); }
@@ -221,7 +284,15 @@ class NativeDecoder : public torch::CustomClassHolder {
                   "NativeDecoder: a layer is incomplete or of the wrong shape");
   }
 
-  void embed_row(int64_t token, float* out) const { dequant_row(embed.parts[0], token, out); }
+  void embed_row(int64_t token, float* out) const {
+    if (!embed.r16[0].data) return dequant_row(embed.parts[0], token, out);
+    std::vector<uint8_t> row(embed.parts[0].row_bytes);  // R16: the token's row back to the file's blocks
+    r16::unpack_rows(embed.r16[0], token, token + 1, row.data());
+    QWeight one = embed.parts[0];
+    one.data = row.data();
+    one.rows = 1;
+    dequant_row(one, 0, out);
+  }
 
   // residual += x (when given), then h = rmsnorm(residual) * weight, for each of the B rows.
   void add_and_norm(float* residual, const float* x, const float* weight, float* out, int64_t B) const {
@@ -287,11 +358,12 @@ class StepWork : public PhasedWork {
           m.add_and_norm(buf.residual + r * D, buf.delta + r * D, m.final_norm, buf.h_logits + i * D, 1);
         }
         if (buf.logitq.q) quantize_rows(buf.h_logits, n_logits, D, buf.logitq);
+        if (buf.logiti.q1) r16::quantize_rows(buf.h_logits, n_logits, D, buf.logiti);
         return;
       }
       const int64_t V = m.head.rows, v0 = task * head_rows;
       return m.head.run(buf.h_logits, n_logits, buf.logits, V, v0, std::min(V, v0 + head_rows), q8(buf.logitq),
-                        pack(worker, p), bf16x);
+                        pack(worker, p), bf16x, i16(buf.logiti));
     }
     const int64_t l = p / kPerLayer;
     const Layer& layer = m.layer_[l];
@@ -304,10 +376,11 @@ class StepWork : public PhasedWork {
         m.add_and_norm(buf.residual + r0 * D, l == 0 ? nullptr : buf.delta + r0 * D, layer.input_norm, buf.h + r0 * D,
                        r1 - r0);
         if (buf.hq.q) quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hq.at_row(r0));
+        if (buf.hi.q1) r16::quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hi.at_row(r0));
         return;
       case 1: {
         const int64_t n0 = task * qkv_rows, n1 = std::min(Nqkv, n0 + qkv_rows);
-        layer.qkv.run(buf.h, T, buf.qkv, Nqkv, n0, n1, q8(buf.hq), pack(worker, p), bf16x);
+        layer.qkv.run(buf.h, T, buf.qkv, Nqkv, n0, n1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi));
         if (kv_in_qkv) write_own_kv(args, n0, n1);
         return;
       }
@@ -316,20 +389,21 @@ class StepWork : public PhasedWork {
         const int64_t t = task / head_tasks, r0 = (task % head_tasks) * (m.H / m.Hkv / head_tasks);
         const int64_t r1 = r0 + m.H / m.Hkv / head_tasks;
         attend(args, t, scratch[worker], r0, r1);
-        if (buf.attnq.q) quantize_heads(t, r0, r1);
+        if (buf.attnq.q || buf.attni.q1) quantize_heads(t, r0, r1);
         return;
       }
       case 4: return layer.o.run(buf.attn, T, buf.delta, D, task * d_rows, std::min(D, (task + 1) * d_rows), q8(buf.attnq),
-                                 pack(worker, p), bf16x);
+                                 pack(worker, p), bf16x, i16(buf.attni));
       case 5:
         m.add_and_norm(buf.residual + r0 * D, buf.delta + r0 * D, layer.post_norm, buf.h + r0 * D, r1 - r0);
         if (buf.hq.q) quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hq.at_row(r0));
+        if (buf.hi.q1) r16::quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hi.at_row(r0));
         return;
       case 6: {  // gate rows i and up rows I + i by the same task: silu(gate) * up needs no other phase
         const int64_t a0 = task * act_rows, a1 = std::min(I, a0 + act_rows);
         const int64_t ld = gate_up_stride(I);
-        layer.gate_up.run(buf.h, T, buf.gate_up, ld, a0, a1, q8(buf.hq), pack(worker, p), bf16x);
-        layer.gate_up.run(buf.h, T, buf.gate_up, ld, I + a0, I + a1, q8(buf.hq), pack(worker, p), bf16x);
+        layer.gate_up.run(buf.h, T, buf.gate_up, ld, a0, a1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi));
+        layer.gate_up.run(buf.h, T, buf.gate_up, ld, I + a0, I + a1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi));
         for (int64_t b = 0; b < T; ++b) {
           const float *g = buf.gate_up + b * ld, *u = g + I;
           float* o = buf.act + b * I;
@@ -338,11 +412,12 @@ class StepWork : public PhasedWork {
             const Q8Rows row = buf.actq.at_row(b);
             quantize_q8(o + a0, a1 - a0, row.q + a0, row.d + a0 / kQ8, row.s + a0 / kQ8);
           }
+          if (buf.acti.q1) r16::quantize(o + a0, a1 - a0, buf.acti.at_row(b), a0);
         }
         return;
       }
       default: return layer.down.run(buf.act, T, buf.delta, D, task * d_rows, std::min(D, (task + 1) * d_rows),
-                                     q8(buf.actq), pack(worker, p), bf16x);
+                                     q8(buf.actq), pack(worker, p), bf16x, i16(buf.acti));
     }
   }
 
@@ -366,6 +441,7 @@ class StepWork : public PhasedWork {
     return std::max(unit, chunks(per, unit) * unit);
   }
   static const Q8Rows* q8(const Q8Rows& rows) { return rows.q ? &rows : nullptr; }
+  static const r16::I16Rows* i16(const r16::I16Rows& rows) { return rows.q1 ? &rows : nullptr; }
 
   // The worker's XPack for phase p's input (a prompt chunk's rows only; packed by its first task there).
   XPack* pack(int worker, int64_t p) {
@@ -383,6 +459,7 @@ class StepWork : public PhasedWork {
   // activations are on).
   void quantize_heads(int64_t t, int64_t r0, int64_t r1) const {
     const int64_t Hkv = m.Hkv, R = m.H / Hkv, d = m.d, b = t / Hkv, g = t % Hkv, c0 = (g * R + r0) * d;
+    if (buf.attni.q1) return r16::quantize(buf.attn + b * m.H * d + c0, (r1 - r0) * d, buf.attni.at_row(b), c0);
     const Q8Rows row = buf.attnq.at_row(b);
     quantize_q8(buf.attn + b * m.H * d + c0, (r1 - r0) * d, row.q + c0, row.d + c0 / kQ8, row.s + c0 / kQ8);
   }
@@ -452,7 +529,7 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
   StepBuffers buffers{residual.data_ptr<float>(), h.data_ptr<float>(), delta.data_ptr<float>(),
                       qkv.data_ptr<float>(), attn.data_ptr<float>(), gate_up.data_ptr<float>(),
                       act.data_ptr<float>(), h_logits.data_ptr<float>(), logits.data_ptr<float>(), cos_b, sin_b, {},
-                      {}, {}, {}};
+                      {}, {}, {}, {}, {}, {}, {}};
   at::Tensor q8_bytes, q8_scales;
   if (int8_activations_) {  // one int8 and one fp32 allocation for the four inputs' blocks
     const int64_t widths[4] = {D, H * d, I, D}, counts[4] = {T, T, T, n};
@@ -468,6 +545,26 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
       *targets[i] = Q8Rows{q, sc, sc + values / kQ8, widths[i]};
       q += values;
       sc += 2 * values / kQ8;
+    }
+  }
+  at::Tensor i16_bytes, i16_scales;
+  if (int16_activations_ && std::min(T, n) <= 8) {  // q1 and q2 bytes, then s, sx and sumq per block
+    // decoding batches' matrices (T <= 8), and the LM head wherever it has <= 8 rows (a prompt chunk's
+    // last token: else its R16 rows would be unpacked for the fp32 path)
+    const int64_t t = T <= 8 ? T : 0, widths[4] = {D, H * d, I, D}, counts[4] = {t, t, t, n <= 8 ? n : 0};
+    int64_t values = 0;
+    for (int i = 0; i < 4; ++i) values += counts[i] * widths[i];
+    i16_bytes = at::empty({2 * values}, at::TensorOptions().dtype(at::kChar));
+    i16_scales = at::empty({3 * values / r16::kBlock}, f32);  // s, sx (fp32) and sumq (int32, same size)
+    int8_t* q = i16_bytes.data_ptr<int8_t>();
+    float* sc = i16_scales.data_ptr<float>();
+    r16::I16Rows* targets[4] = {&buffers.hi, &buffers.attni, &buffers.acti, &buffers.logiti};
+    for (int i = 0; i < 4; ++i) {
+      const int64_t v = counts[i] * widths[i], nb = v / r16::kBlock;
+      if (!v) continue;  // stays fp32 (q1 null)
+      *targets[i] = r16::I16Rows{q, q + v, sc, sc + nb, reinterpret_cast<int32_t*>(sc + 2 * nb), widths[i]};
+      q += 2 * v;
+      sc += 3 * nb;
     }
   }
   StepWork work(*this, T, pos, slot, rows, n, buffers, threads);
@@ -491,6 +588,9 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("int8_activations", &voxlane::NativeDecoder::int8_activations)
       .def("set_bf16_activations", &voxlane::NativeDecoder::set_bf16_activations)
       .def("bf16_activations", &voxlane::NativeDecoder::bf16_activations)
+      .def("set_int16_activations", &voxlane::NativeDecoder::set_int16_activations)
+      .def("int16_activations", &voxlane::NativeDecoder::int16_activations)
+      .def("r16_bytes", &voxlane::NativeDecoder::r16_bytes)
       .def("set_profiling", &voxlane::NativeDecoder::set_profiling)
       .def("profile_ms", &voxlane::NativeDecoder::profile_ms);
 }

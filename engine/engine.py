@@ -104,6 +104,7 @@ class LLMEngine:
             self._load_weights(model_path, kernels, dtype, max_seq_len)
         self.model.int8_activations = self.config.int8_activations
         self.model.bf16_activations = self.config.bf16_activations
+        self.model.int16_activations = self.config.int16_activations
         self.weight_bytes = weight_bytes(self.model)
         self.max_seq_len = self.model.max_seq_len
         self.kv_cache = KVCache(self.model.args, self.config.num_slots, self.max_seq_len, self.config.torch_dtype,

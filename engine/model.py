@@ -258,6 +258,9 @@ class Transformer(nn.Module):
         # The one-call step rounds the inputs of Q4_0 / Q5_0 / Q4_1 weights to bf16 in prompt chunks (AMX
         # tiles, engine/prefill_gemm.h); likewise only there.
         self.bf16_activations = False
+        # The one-call step's decoding batches multiply Q4_0 / Q4_1 / Q8_0 weights with int16 activations
+        # (engine/r16_matmul.h); likewise only there.
+        self.int16_activations = False
         self.set_rope_dtype(torch.float32)
 
     def set_rope_dtype(self, dtype: torch.dtype) -> None:

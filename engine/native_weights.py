@@ -25,29 +25,57 @@ from engine import gguf_formats as fmt
 from engine.model import Transformer
 
 
+# The 16-row interleaved layout of int16 activations (engine/r16_matmul.h), per format: 64-byte lines
+# per 32-weight block, fp16 scale fields per block (d, and Q4_1's m), and whether the bytes are q + 128.
+R16_GEOMETRY = {fmt.Q4_0: (4, 1, False), fmt.Q4_1: (4, 2, False), fmt.Q8_0: (8, 1, True)}
+
+
+def unpack_r16(blocks: Tensor, format: int, cols: int) -> Tensor:
+    """R16 rows [N, row_bytes] (N % 16 == 0) -> the file's blocks (a new tensor): per group of 16 rows,
+    block b's lines j hold each row's bytes 4j..4j+3 of its quants (line-major: [block, line, row, 4]),
+    then the scales [block, field, row, 2]; a file block is its scale fields, then its quants."""
+    lines, fields, offset = R16_GEOMETRY[format]
+    rows, row_bytes = blocks.shape
+    groups, nb = rows // 16, cols // 32
+    g = blocks.reshape(groups, 16 * row_bytes)
+    split = nb * lines * 64
+    qs = g[:, :split].reshape(groups, nb, lines, 16, 4).permute(0, 3, 1, 2, 4).reshape(groups, 16, nb, lines * 4)
+    if offset:
+        qs = qs ^ 0x80
+    scales = g[:, split:].reshape(groups, nb, fields, 16, 2).permute(0, 3, 1, 2, 4).reshape(groups, 16, nb, 2 * fields)
+    return torch.cat([scales, qs], -1).reshape(rows, row_bytes)
+
+
 @dataclass
 class QuantWeight:
     """One matrix's rows in a weight format: ``blocks`` uint8 [rows, row_bytes] as the file stores
-    them (``gguf_formats``); ``row_scale`` only for our I8 format."""
+    them (``gguf_formats``), or with ``r16`` in the 16-row interleaved layout of int16 activations
+    (``pack_r16``; the same bytes, reordered); ``row_scale`` only for our I8 format."""
 
     format: int
     blocks: Tensor
     cols: int
     row_scale: Tensor | None = None
+    r16: bool = False
 
     @property
     def rows(self) -> int:
         return self.blocks.shape[0]
 
+    def file_blocks(self) -> Tensor:
+        """The blocks in the file's layout (a copy when they are packed in R16)."""
+        return unpack_r16(self.blocks, self.format, self.cols) if self.r16 else self.blocks
+
     def dequantize(self) -> Tensor:
-        return fmt.dequantize(self.blocks, self.format, self.cols, self.row_scale)
+        return fmt.dequantize(self.file_blocks(), self.format, self.cols, self.row_scale)
 
 
 def concat_rows(parts: list[QuantWeight]) -> list[QuantWeight]:
     """Adjacent segments of one format joined into one (rows of blocks stack as they are)."""
     out: list[QuantWeight] = []
     for part in parts:
-        if out and out[-1].format == part.format and out[-1].row_scale is None and part.row_scale is None:
+        if (out and out[-1].format == part.format and out[-1].row_scale is None and part.row_scale is None
+                and not out[-1].r16 and not part.r16):
             out[-1] = QuantWeight(part.format, torch.cat([out[-1].blocks, part.blocks]), part.cols)
         else:
             out.append(part)
@@ -74,7 +102,8 @@ class NativeLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x2 = x.reshape(-1, self.in_features).float().contiguous()
         if self.kernels is not None:
-            ys = [self.kernels.quant_linear(x2, p.blocks, p.format, p.cols, p.row_scale, None) for p in self.parts]
+            ys = [self.kernels.quant_linear(x2, p.file_blocks(), p.format, p.cols, p.row_scale, None)
+                  for p in self.parts]
             y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
             if self.bias is not None:
                 y += self.bias
@@ -99,11 +128,31 @@ class NativeEmbedding(nn.Module):
     def forward(self, ids: Tensor) -> Tensor:
         w, flat = self.weight_q, ids.reshape(-1)
         if self.kernels is not None:
-            rows = self.kernels.quant_embedding(w.blocks, w.format, w.cols, w.row_scale, flat.contiguous())
+            rows = self.kernels.quant_embedding(w.file_blocks(), w.format, w.cols, w.row_scale, flat.contiguous())
         else:
-            rows = fmt.dequantize(w.blocks[flat], w.format, w.cols,
+            rows = fmt.dequantize(w.file_blocks()[flat], w.format, w.cols,
                                   None if w.row_scale is None else w.row_scale[flat])
         return rows.view(*ids.shape, w.cols)
+
+
+def pack_r16(model: Transformer, kernels) -> int:
+    """Int16 activations (``EngineConfig.int16_activations``): every Q4_0 / Q4_1 / Q8_0 matrix of the
+    model whose rows come in groups of 16 rewritten in place in the R16 layout (engine/r16_matmul.h), so
+    the one-call step streams one copy of the weights (it unpacks rows where it needs the file's blocks:
+    prompt chunks, the embedding lookup); the per-op and pure-torch paths unpack them (slowly). Once per
+    model; returns the bytes packed now."""
+    packed, seen = 0, set()
+    for module in model.modules():
+        parts = module.parts if isinstance(module, NativeLinear) else \
+            [module.weight_q] if isinstance(module, NativeEmbedding) else []
+        for part in parts:
+            if id(part) in seen or part.r16 or part.format not in R16_GEOMETRY or part.rows % 16:
+                continue
+            seen.add(id(part))
+            kernels.quant_r16_pack_(part.blocks, part.format, part.cols)
+            part.r16 = True
+            packed += part.blocks.numel()
+    return packed
 
 
 def _unpermute_rows(blocks: np.ndarray, num_heads: int) -> np.ndarray:

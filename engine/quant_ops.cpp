@@ -1,6 +1,9 @@
 // torch.ops.voxlane ops over weights kept in their file's block format (engine/gguf_blocks.h):
 //   quant_linear(x [M, K] f32, w uint8 [N, row_bytes], format, K, row_scale?, bias?) -> [M, N] f32
 //   quant_linear_q8(x, w, format, K, bias?) -> [M, N] f32   x quantized to Q8 blocks first (q8_matmul.h)
+//   quant_linear_i16(x, w, format, K, bias?) -> [M, N] f32  x as int16 blocks, the weights' R16 copy
+//                                                            (r16_matmul.h; as the one-call step's Linear)
+//   quant_r16_pack_(w, format, K) -> w                    w's blocks rewritten in the R16 layout, in place
 //   quant_linear_bf16x(x, w, format, K, row_scale?, bias?)   bf16 activations where the format has them
 //                                                            (prefill_gemm.h; bf16_activation_tiles(format))
 //                                                            (from 16 rows: AMX int8 tiles where q8_activation_tiles)
@@ -13,6 +16,7 @@
 
 #include "q8_matmul.h"
 #include "quant_matmul.h"
+#include "r16_matmul.h"
 
 namespace voxlane {
 
@@ -103,6 +107,62 @@ at::Tensor quant_linear_q8(const at::Tensor& x, const at::Tensor& w, int64_t for
 // Whether format's int8-activation products of 16+ rows run in AMX int8 tiles here (q8_matmul.h).
 bool q8_activation_tiles(int64_t format) { return q8_tiles(format); }
 
+// Int16 activations (EngineConfig.int16_activations) as the one-call step runs them (decode_step.cpp's
+// Linear): x [M <= 8, K] quantized to int16 blocks, the weight's whole groups of 16 rows copied to the
+// R16 layout and multiplied there, the rows after the last whole group in fp32 (quant_matmul.h).
+at::Tensor quant_linear_i16(const at::Tensor& x, const at::Tensor& w, int64_t format, int64_t cols,
+                            const c10::optional<at::Tensor>& bias) {
+  const QWeight q = qweight_of(w, format, cols, c10::nullopt, bias);
+  TORCH_CHECK(r16::has_layout(format), "format ", format, " has no int16-activation (R16) path");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) == cols &&
+                  x.size(0) >= 1 && x.size(0) <= 8,
+              "x: contiguous float32 [M <= 8, ", cols, "]");
+  const int64_t M = x.size(0), N = q.rows, grouped = N / r16::kRows * r16::kRows, nb = cols / r16::kBlock;
+  at::Tensor bytes = at::empty({2, M, cols}, x.options().dtype(at::kChar));
+  at::Tensor scales = at::empty({3, M, nb}, x.options());
+  const r16::I16Rows rows{bytes.data_ptr<int8_t>(), bytes.data_ptr<int8_t>() + M * cols, scales.data_ptr<float>(),
+                          scales.data_ptr<float>() + M * nb, reinterpret_cast<int32_t*>(scales.data_ptr<float>() + 2 * M * nb),
+                          cols};
+  r16::quantize_rows(x.data_ptr<float>(), M, cols, rows);
+  at::Tensor packed = at::empty({grouped, q.row_bytes}, w.options());
+  if (grouped) r16::pack(format, q.data, grouped, cols, q.row_bytes, packed.data_ptr<uint8_t>());
+  const r16::Weight r = r16::view(format, packed.data_ptr<uint8_t>(), grouped, cols, q.row_bytes);
+  at::Tensor y = at::empty({M, N}, x.options());
+  float* yp = y.data_ptr<float>();
+  const float* xp = x.data_ptr<float>();
+  constexpr int64_t kRowsPerTask = 16;
+  at::parallel_for(0, (N + kRowsPerTask - 1) / kRowsPerTask, 1, [&](int64_t t0, int64_t t1) {
+    const int64_t n0 = t0 * kRowsPerTask, n1 = std::min(N, t1 * kRowsPerTask), g1 = std::min(n1, grouped);
+    if (n0 < g1) r16::matvec(r, rows, M, yp, N, n0, g1);
+    if (g1 < n1) matvec(q, xp, M, cols, yp, N, std::max(n0, g1), n1);
+  });
+  if (q.bias)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < grouped; ++n) yp[m * N + n] += q.bias[n];  // matvec added its rows' bias
+  return y;
+}
+
+// w (file blocks, N % 16 == 0 rows) rewritten in place in the R16 layout: what the model's weights
+// become when int16 activations are on (engine/native_weights.py's pack_r16). Returns w.
+at::Tensor quant_r16_pack_(at::Tensor w, int64_t format, int64_t cols) {
+  const QWeight q = qweight_of(w, format, cols, c10::nullopt, c10::nullopt);
+  TORCH_CHECK(r16::has_layout(format), "format ", format, " has no R16 layout");
+  TORCH_CHECK(q.rows % r16::kRows == 0, "R16: rows must be a multiple of ", r16::kRows, ", got ", q.rows);
+  r16::pack_in_place(format, w.data_ptr<uint8_t>(), q.rows, cols, q.row_bytes);
+  return w;
+}
+
+bool r16_layout(int64_t format) { return r16::has_layout(format); }
+
+// Whether this build runs the int16-activation kernels with AVX-512 VNNI (else their scalar version).
+bool r16_vnni() {
+#if defined(VOXLANE_R16_VNNI)
+  return true;
+#else
+  return false;
+#endif
+}
+
 // Allow or forbid AMX in the prompt path's GEMM (prefill_gemm.h) -> whether AMX runs now (allowed and
 // granted by the OS on a machine that has it).
 bool set_prefill_amx(bool allowed) {
@@ -141,6 +201,10 @@ at::Tensor quant_embedding(const at::Tensor& w, int64_t format, int64_t cols, co
 TORCH_LIBRARY_FRAGMENT(voxlane, m) {
   m.def("quant_linear(Tensor x, Tensor w, int format, int cols, Tensor? row_scale, Tensor? bias) -> Tensor");
   m.def("quant_linear_q8(Tensor x, Tensor w, int format, int cols, Tensor? bias) -> Tensor");
+  m.def("quant_linear_i16(Tensor x, Tensor w, int format, int cols, Tensor? bias) -> Tensor");
+  m.def("r16_vnni() -> bool", &voxlane::r16_vnni);
+  m.def("r16_layout(int format) -> bool", &voxlane::r16_layout);
+  m.def("quant_r16_pack_(Tensor(a!) w, int format, int cols) -> Tensor(a!)");
   m.def("quant_linear_bf16x(Tensor x, Tensor w, int format, int cols, Tensor? row_scale, Tensor? bias) -> Tensor");
   m.def("bf16_activation_tiles(int format) -> bool", &voxlane::bf16_activation_tiles);
   m.def("q8_activation_tiles(int format) -> bool", &voxlane::q8_activation_tiles);
@@ -153,6 +217,8 @@ TORCH_LIBRARY_IMPL(voxlane, CPU, m) {
   m.impl("quant_linear", &voxlane::quant_linear);
   m.impl("quant_linear_q8", &voxlane::quant_linear_q8);
   m.impl("quant_linear_bf16x", &voxlane::quant_linear_bf16x);
+  m.impl("quant_linear_i16", &voxlane::quant_linear_i16);
+  m.impl("quant_r16_pack_", &voxlane::quant_r16_pack_);
   m.impl("quant_dequantize", &voxlane::quant_dequantize);
   m.impl("quant_embedding", &voxlane::quant_embedding);
 }

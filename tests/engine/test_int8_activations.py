@@ -101,20 +101,28 @@ def test_config_needs_native_weights():
         EngineConfig(quant="int8", int8_activations=True)
 
 
-def test_model_path_agrees_with_fp32_activations(ops, smollm2_dir):
-    """Greedy continuations of the fp32-activation native model (the reference) scored by the same
-    weights with int8 activations, through the one-call step (prefill and decode): the quality
-    report's figures, bounded (measured here: top-1 agreement 0.93-0.96, mean KL ~0.003; a wrong
-    block or scale gives KL > 1)."""
+def agreement_with_fp32(ops, smollm2_dir, flag: str, reference=None):
+    """The quality report's comparison on SmolLM2 (3 prompts x 32 greedy tokens): the fp32-activation
+    native model (``reference``, or a new one) against one with the model attribute ``flag`` set, through
+    the one-call step (prefill and decode)."""
     from engine.loader import chat_prompt_ids, load_tokenizer
 
-    reference = load_native_model(smollm2_dir, 256, ops)
+    reference = reference or load_native_model(smollm2_dir, 256, ops)
     candidate = load_native_model(smollm2_dir, 256, ops)
-    candidate.int8_activations = True
+    setattr(candidate, flag, True)
     tokenizer = load_tokenizer(smollm2_dir)
     prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in QUALITY_PROMPTS[:3]]
     report = compare(reference, candidate, prompts, 32, {tokenizer.eos_token_id})
     print(report)
     assert report.num_positions >= 60
+    return report
+
+
+def test_model_path_agrees_with_fp32_activations(ops, smollm2_dir):
+    """Greedy continuations of the fp32-activation native model (the reference) scored by the same
+    weights with int8 activations, through the one-call step (prefill and decode): the quality
+    report's figures, bounded (measured here: top-1 agreement 0.93-0.96, mean KL ~0.003; a wrong
+    block or scale gives KL > 1)."""
+    report = agreement_with_fp32(ops, smollm2_dir, "int8_activations")
     assert report.top1_agreement >= 0.85, report
     assert report.mean_kl < 0.02, report
