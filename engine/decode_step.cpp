@@ -26,7 +26,6 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>

@@ -28,7 +28,8 @@
 // 16 scales are one vcvtph2ps: no horizontal sums, no per-row scale shuffles. Per block of 16 rows:
 // dot = d s (128 A1 + A2) (+ m sx for Q4_1), with the offsets (-8 sumq, -128 sumq) as the A2
 // accumulator's starting value. ~2.2 instructions per 32 weights per row at one activation row; with
-// 2-8 rows a line is unpacked once and feeds two vpdpbusd per row. Q8_0's lines are, over a whole row
+// 2-8 rows a block's 8 weight vectors are unpacked once and kept in registers, and each row takes its
+// q1 products, a shift by 7 and its q2 products into one accumulator (kOneChainRows). Q8_0's lines are, over a whole row
 // group, AMX's VNNI B-tile rows (16 columns x 4 consecutive K bytes, unsigned: TDPBSUD); Q4's lines hold
 // the nibble pairs (k, k + 16) of 4 consecutive k instead.
 //
@@ -40,7 +41,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
