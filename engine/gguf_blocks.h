@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define VOXLANE_AVX2 1
@@ -309,6 +310,15 @@ namespace voxlane {
 inline int64_t prefetch_distance(int64_t group_bytes) {
   constexpr int64_t kAhead = 4096;
   return (kAhead + group_bytes - 1) / group_bytes * group_bytes;
+}
+
+// Calls f(std::integral_constant<int, m>{}) with m = M clamped to [Lo, Hi]: a runtime row count as the
+// template constant a kernel's register tile is unrolled for (one instantiation per count).
+template <int Lo, int Hi, class F> inline void with_rows(int64_t M, F&& f) {
+  if constexpr (Lo < Hi) {
+    if (M > Lo) return with_rows<Lo + 1, Hi>(M, f);
+  }
+  f(std::integral_constant<int, Lo>{});
 }
 
 }  // namespace voxlane

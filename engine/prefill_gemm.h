@@ -242,14 +242,7 @@ inline void tile(const float* w, int64_t ldw, const float* x, int64_t ldx, int64
 
 template <int R>
 inline void tile_rows(int mb, const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t K, float* sums) {
-  switch (mb) {
-    case 1: return tile<R, 1>(w, ldw, x, ldx, K, sums);
-    case 2: return tile<R, 2>(w, ldw, x, ldx, K, sums);
-    case 3: return tile<R, 3>(w, ldw, x, ldx, K, sums);
-    case 4: return tile<R, 4>(w, ldw, x, ldx, K, sums);
-    case 5: return tile<R, 5>(w, ldw, x, ldx, K, sums);
-    default: return tile<R, kM>(w, ldw, x, ldx, K, sums);
-  }
+  with_rows<1, kM>(mb, [&](auto rows) { tile<R, decltype(rows)::value>(w, ldw, x, ldx, K, sums); });
 }
 
 // ---- 2-8 activation rows (a batch of decoding sequences): weights expanded in registers, 512-bit ----

@@ -117,15 +117,10 @@ inline void wide_times(const QWeight& w, const float* x, int64_t ldx, float* y, 
 template <class B>
 inline void wide_matvec(const QWeight& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy, int64_t n0,
                         int64_t n1) {
-  switch (M) {
-    case 2: return wide_times<B, 4, 2>(w, x, ldx, y, ldy, n0, n1);
-    case 3: return wide_times<B, 4, 3>(w, x, ldx, y, ldy, n0, n1);
-    case 4: return wide_times<B, 4, 4>(w, x, ldx, y, ldy, n0, n1);
-    case 5: return wide_times<B, 2, 5>(w, x, ldx, y, ldy, n0, n1);
-    case 6: return wide_times<B, 2, 6>(w, x, ldx, y, ldy, n0, n1);
-    case 7: return wide_times<B, 2, 7>(w, x, ldx, y, ldy, n0, n1);
-    default: return wide_times<B, 2, 8>(w, x, ldx, y, ldy, n0, n1);
-  }
+  with_rows<2, 8>(M, [&](auto rows) {  // 4 weight rows x up to 4 activation rows, else 2 x up to 8
+    constexpr int MB = decltype(rows)::value;
+    wide_times<B, MB <= 4 ? 4 : 2, MB>(w, x, ldx, y, ldy, n0, n1);
+  });
 }
 #endif
 

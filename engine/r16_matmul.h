@@ -401,8 +401,8 @@ template <class B, int MB>
 inline void matvec_groups(const Weight& w, const I16Rows& x, float* y, int64_t ldy, int64_t n0, int64_t n1) {
   for (int64_t g = n0 / kRows; g < n1 / kRows; ++g) {
 #if defined(VOXLANE_R16_VNNI)
-    // the group 4 KB (at least one group) ahead, one line per line read
-    const int64_t ahead_groups = (4096 + w.group_bytes - 1) / w.group_bytes;
+    // the group 4 KB (at least one group) ahead, one line per line read (gguf_blocks.h)
+    const int64_t ahead_groups = prefetch_distance(w.group_bytes) / w.group_bytes;
     const uint8_t* ahead = w.group(std::min(g + ahead_groups, w.rows / kRows - 1));
     group_dot<B, MB>(w.group(g), w, x, y + g * kRows, ldy, ahead);
 #else
@@ -413,16 +413,7 @@ inline void matvec_groups(const Weight& w, const I16Rows& x, float* y, int64_t l
 
 template <class B>
 inline void matvec_format(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) {
-  switch (M) {
-    case 1: return matvec_groups<B, 1>(w, x, y, ldy, n0, n1);
-    case 2: return matvec_groups<B, 2>(w, x, y, ldy, n0, n1);
-    case 3: return matvec_groups<B, 3>(w, x, y, ldy, n0, n1);
-    case 4: return matvec_groups<B, 4>(w, x, y, ldy, n0, n1);
-    case 5: return matvec_groups<B, 5>(w, x, y, ldy, n0, n1);
-    case 6: return matvec_groups<B, 6>(w, x, y, ldy, n0, n1);
-    case 7: return matvec_groups<B, 7>(w, x, y, ldy, n0, n1);
-    default: return matvec_groups<B, 8>(w, x, y, ldy, n0, n1);
-  }
+  with_rows<1, 8>(M, [&](auto rows) { matvec_groups<B, decltype(rows)::value>(w, x, y, ldy, n0, n1); });
 }
 
 // y[m, n] = x^[m] . W[n] (no bias) for rows n in [n0, n1) (multiples of 16) and M rows of x (groups of 8).
