@@ -28,75 +28,98 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="qwen2.5-0.5b-instruct,smollm2-135m-instruct")
     parser.add_argument("--int16", action="store_true", help="int16 activations on R16 (SmolLM2): tiles vs VNNI, fp32, bf16")
     args = parser.parse_args(argv)
-    if args.int16:
-        return int16_main(args)
+    ops = amx_kernels(args.threads)
+    print(f"load before: {os.getloadavg()[0]:.2f}")
+    (int16_rows if args.int16 else q8_rows)(args, ops)
+    print(f"load after: {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+def amx_kernels(threads: int):
+    """The compiled kernels with AMX allowed, torch on ``threads`` threads; exits when there is no AMX."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    from engine import kernels
+
+    torch.set_num_threads(threads)
+    ops = kernels.load_kernels()
+    if ops is None or not ops.set_prefill_amx(True):
+        raise SystemExit("no AMX here (or no kernels): nothing to compare")
+    return ops
+
+
+def joined(tensors, names: list[str]):
+    """The GGUF tensors ``names`` (one format) as one matrix, their rows stacked (gate/up)."""
+    import torch
+
+    from engine.native_weights import QuantWeight
+
+    parts = [tensors.quant(n) for n in names]
+    return QuantWeight(parts[0].format, torch.cat([p.blocks for p in parts]).contiguous(), parts[0].cols)
+
+
+def alternate(arms: dict, x, rounds: int, before=None) -> dict[str, float]:
+    """Median ms per call of each arm on ``x``, the arms in turn and in reverse order every other
+    round (``before(arm)`` first, then a warm-up call, then the timed calls)."""
+    reps = max(1, 20 * 43 // max(len(x), 43))
+    ms: dict[str, list[float]] = {a: [] for a in arms}
+    for r in range(rounds):
+        for arm in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
+            if before is not None:
+                before(arm)
+            arms[arm](x)
+            start = time.perf_counter()
+            for _ in range(reps):
+                arms[arm](x)
+            ms[arm].append((time.perf_counter() - start) / reps * 1e3)
+    return {a: statistics.median(v) for a, v in ms.items()}
+
+
+def q8_rows(args, ops) -> None:
+    """Int8 activations: AMX int8 tiles (from 16 rows) against the vector path, per model and matrix."""
     import torch
 
     from app import model_store
     from engine import gguf_formats as fmt
-    from engine import kernels
-    from engine.native_weights import GGUFTensors, QuantWeight
+    from engine.native_weights import GGUFTensors
 
-    torch.set_num_threads(args.threads)
-    ops = kernels.load_kernels()
-    if ops is None or not ops.set_prefill_amx(True):
-        raise SystemExit("no AMX here (or no kernels): nothing to compare")
     matrices = {"qwen2.5-0.5b-instruct": [("gate/up", ["blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"]),
                                           ("down", ["blk.2.ffn_down.weight"]), ("down", ["blk.0.ffn_down.weight"]),
                                           ("q", ["blk.0.attn_q.weight"])],
                 "smollm2-135m-instruct": [("gate/up", ["blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"]),
                                           ("down", ["blk.0.ffn_down.weight"])]}
     rows = [int(r) for r in (args.rows or "16,43,512").split(",")]
-    print(f"load before: {os.getloadavg()[0]:.2f}")
     for model in args.models.split(","):
         tensors = GGUFTensors(model_store.gguf_path(model))
         for label, names in matrices[model]:
-            parts = [tensors.quant(n) for n in names]
-            w = QuantWeight(parts[0].format, torch.cat([p.blocks for p in parts]).contiguous(), parts[0].cols)
+            w = joined(tensors, names)
+            product = lambda x: ops.quant_linear_q8(x, w.blocks, w.format, w.cols, None)  # noqa: E731
             for M in rows:
-                x = torch.randn(M, w.cols)
-                reps = max(1, 20 * 43 // max(M, 43))
-                ms: dict[bool, list[float]] = {True: [], False: []}
-                for r in range(args.rounds):
-                    for amx in ((True, False) if r % 2 == 0 else (False, True)):
-                        ops.set_prefill_amx(amx)
-                        ops.quant_linear_q8(x, w.blocks, w.format, w.cols, None)
-                        start = time.perf_counter()
-                        for _ in range(reps):
-                            ops.quant_linear_q8(x, w.blocks, w.format, w.cols, None)
-                        ms[amx].append((time.perf_counter() - start) / reps * 1e3)
+                med = alternate({"tiles": product, "vector": product}, torch.randn(M, w.cols), args.rounds,
+                                before=lambda arm: ops.set_prefill_amx(arm == "tiles"))
                 ops.set_prefill_amx(True)
-                tiles, vector = statistics.median(ms[True]), statistics.median(ms[False])
+                tiles, vector = med["tiles"], med["vector"]
                 gmacs = M * w.rows * w.cols / 1e9
                 print(f"{model} {label} {fmt.NAMES[w.format]} {w.rows}x{w.cols}, {M} rows: tiles {tiles:.3f} ms "
                       f"({gmacs / tiles * 1e3:.0f} G/s), vector {vector:.3f} ms ({gmacs / vector * 1e3:.0f} G/s), "
                       f"{vector / tiles:.1f}x", flush=True)
-    print(f"load after: {os.getloadavg()[0]:.2f}")
-    return 0
 
 
-def int16_main(args) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+def int16_rows(args, ops) -> None:
+    """Int16 activations on SmolLM2's R16-packed matrices: tiles, the VNNI kernel, fp32 and bf16."""
     import torch
 
     from app import model_store
     from engine import gguf_formats as fmt
-    from engine import kernels
-    from engine.native_weights import GGUFTensors, QuantWeight
+    from engine.native_weights import GGUFTensors
 
-    torch.set_num_threads(args.threads)
-    ops = kernels.load_kernels()
-    if ops is None or not ops.set_prefill_amx(True):
-        raise SystemExit("no AMX here (or no kernels): nothing to compare")
     matrices = [("gate/up", ["blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"]), ("down", ["blk.0.ffn_down.weight"]),
                 ("q", ["blk.0.attn_q.weight"])]
     rows = [int(r) for r in (args.rows or "2,8,16,43,512").split(",")]
-    print(f"load before: {os.getloadavg()[0]:.2f}")
     tensors = GGUFTensors(model_store.gguf_path("smollm2-135m-instruct"))
     for label, names in matrices:
-        parts = [tensors.quant(n) for n in names]
-        w = QuantWeight(parts[0].format, torch.cat([p.blocks for p in parts]).contiguous(), parts[0].cols)
+        w = joined(tensors, names)
         packed = w.blocks.clone()
         ops.quant_r16_pack_(packed, w.format, w.cols)
         arms = {"tiles": lambda x: ops.quant_linear_r16(x, packed, w.format, w.cols, 1),
@@ -104,24 +127,12 @@ def int16_main(args) -> int:
                 "fp32": lambda x: ops.quant_linear(x, w.blocks, w.format, w.cols, None, None),
                 "bf16": lambda x: ops.quant_linear_bf16x(x, w.blocks, w.format, w.cols, None, None)}
         for M in rows:
-            x = torch.randn(M, w.cols)
-            reps = max(1, 20 * 43 // max(M, 43))
-            ms: dict[str, list[float]] = {a: [] for a in arms}
-            for r in range(args.rounds):
-                for arm in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
-                    arms[arm](x)
-                    start = time.perf_counter()
-                    for _ in range(reps):
-                        arms[arm](x)
-                    ms[arm].append((time.perf_counter() - start) / reps * 1e3)
+            med = alternate(arms, torch.randn(M, w.cols), args.rounds)
             gmacs = M * w.rows * w.cols / 1e9
-            med = {a: statistics.median(v) for a, v in ms.items()}
             print(f"smollm2 {label} {fmt.NAMES[w.format]} {w.rows}x{w.cols}, {M} rows: " + ", ".join(
                 f"{a} {t:.3f} ms ({gmacs / t * 1e3:.0f} G/s)" for a, t in med.items())
                 + f"; tiles vs vnni {med['vnni'] / med['tiles']:.2f}x, vs fp32 {med['fp32'] / med['tiles']:.2f}x, "
                 f"vs bf16 {med['bf16'] / med['tiles']:.2f}x", flush=True)
-    print(f"load after: {os.getloadavg()[0]:.2f}")
-    return 0
 
 
 if __name__ == "__main__":
