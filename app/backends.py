@@ -22,4 +22,4 @@ def make_llm_backend(config: AppConfig, backend: str | None = None) -> LLMBacken
         return TransformersBackend(model_dir, num_threads=config.engine.num_threads or None)  # one knob for both
     from engine.backends.engine_backend import EngineBackend
 
-    return EngineBackend(model_dir, config.engine.with_weights(*model_store.engine_weights(config.models.llm)))
+    return EngineBackend(model_dir, config.engine.with_weights(model_store.engine_weights(config.models.llm, config.engine.kernels)))

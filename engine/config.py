@@ -5,6 +5,23 @@ from dataclasses import dataclass, replace
 
 DTYPES = ("float32", "bfloat16")
 QUANTS = ("auto", "none", "int8", "native")
+ACTIVATIONS = ("float32", "int8", "int16")
+
+
+@dataclass(frozen=True)
+class WeightSetting:
+    """One setting ``quant = "auto"`` can become for a model: the weights' format and, for the GGUF's
+    native blocks, the precision their matmuls give the activations (``int8_activations`` /
+    ``int16_activations``; "float32": neither)."""
+
+    quant: str = "int8"
+    activations: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.quant not in QUANTS[1:]:
+            raise ValueError(f"quant: must be one of {QUANTS[1:]}, got {self.quant!r}")
+        if self.activations not in ACTIVATIONS or (self.activations != "float32" and self.quant != "native"):
+            raise ValueError(f"activations: {self.activations!r} is not a setting of quant {self.quant!r}")
 
 
 @dataclass(frozen=True)
@@ -87,15 +104,16 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
 
-    def with_weights(self, quant: str, int8_activations: bool) -> "EngineConfig":
+    def with_weights(self, setting: WeightSetting) -> "EngineConfig":
         """This config with ``quant="auto"`` made the given weight setting (a model's measured best);
         any other ``quant`` is the user's choice and stays. Native blocks need float32 activations,
         so with ``dtype="bfloat16"`` auto means int8."""
         if self.quant != "auto":
             return self
-        if quant == "native" and self.dtype != "float32":
-            quant, int8_activations = "int8", False
-        return replace(self, quant=quant, int8_activations=int8_activations)
+        if setting.quant == "native" and self.dtype != "float32":
+            setting = WeightSetting("int8")
+        return replace(self, quant=setting.quant, int8_activations=setting.activations == "int8",
+                       int16_activations=setting.activations == "int16")
 
     @property
     def torch_dtype(self):

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, WeightSetting
 from engine.int8_checkpoint import has_int8_checkpoint
 from engine.kernels import load_kernels
 from engine.kv_cache import KVCache, common_prefix_length
@@ -72,7 +72,7 @@ class LLMEngine:
 
     def __init__(self, model_path: str | Path, config: EngineConfig | None = None, *, background: bool = True):
         # "auto" with nobody who knows the model to choose (app/backends.py does): int8
-        self.config = (config or EngineConfig()).with_weights("int8", False)
+        self.config = (config or EngineConfig()).with_weights(WeightSetting("int8"))
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
         self.num_threads = torch.get_num_threads()

@@ -73,6 +73,13 @@ def load_kernels():
         return _state["ops"]
 
 
+def int16_fast() -> bool:
+    """True when int16 activations run through VNNI here (the kernels built with AVX-512 F/BW/VNNI,
+    ``engine/r16_matmul.h``); elsewhere they run its scalar fallback, correct and slower than int8."""
+    ops = load_kernels()
+    return ops is not None and bool(ops.r16_vnni())
+
+
 def unavailable_reason() -> str | None:
     """Why ``load_kernels`` returned None (None when they loaded or were not tried)."""
     return _state.get("error")  # type: ignore[return-value]
