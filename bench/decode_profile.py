@@ -6,6 +6,8 @@ summed over threads (``NativeDecoder.set_profiling``); ``--torch-profiler`` prin
 table instead (what a step of the per-op paths spends, and how many ATen calls it makes).
 ``--ab-int8-activations`` instead alternates fp32 and int8 activations on the same native decoder,
 round by round: decode ms per step and a ``--prefill-tokens`` prefill, medians and ratios.
+``--ab-batch-tiles`` alternates the decoding batches' AMX tiles (engine/r16_batch.h) with the VNNI kernel
+(r16_matmul.h) round by round (int16 activations): ms per step and CPU per phase, medians of the rounds.
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--int16-activations", action="store_true", help="EngineConfig.int16_activations (native)")
     parser.add_argument("--ab-int8-activations", action="store_true",
                         help="alternate fp32 / int8 activations on one decoder (quant native), --rounds rounds")
+    parser.add_argument("--ab-batch-tiles", action="store_true",
+                        help="alternate the batch tiles and the VNNI kernel in decoding batches (--int16-activations)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prefill-tokens", type=int, default=128)
     parser.add_argument("--no-phase-profile", action="store_true",
@@ -73,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     steps(4)  # warm-up
     if args.ab_int8_activations:
         return ab_int8_activations(args, engine, steps)
+    if args.ab_batch_tiles:
+        return ab_batch_tiles(args, engine, steps)
     result: dict = {"quant": args.quant, "int8_activations": args.int8_activations,
                     "int16_activations": args.int16_activations, "batch": args.batch, "threads": args.threads, "load_avg": os.getloadavg()[0]}
     if args.torch_profiler:
@@ -142,6 +148,45 @@ def ab_int8_activations(args, engine, steps) -> int:
     for key, label in (("decode_ms", "ms per decode step"), ("prefill_ms", f"ms per {args.prefill_tokens}-token prefill")):
         print(f"  {label:28s} fp32 {medians['fp32'][key]:8.2f}  int8 {medians['int8'][key]:8.2f}  "
               f"int8/fp32 {result['int8_vs_fp32_time'][key]:.2f}")
+    return 0
+
+
+def ab_batch_tiles(args, engine, steps) -> int:
+    """Decoding batches in the batch tiles vs the VNNI kernel, alternating round by round (order
+    reversed every other round) on the same decoder and cache: ms per step and CPU per phase."""
+    import statistics
+
+    import torch
+
+    decoder = engine.runner.decoder
+    if decoder is None or not args.int16_activations:
+        raise SystemExit("--ab-batch-tiles needs --int16-activations and the kernels")
+    ops = torch.ops.voxlane
+    if not ops.set_r16_batch_tiles(True):
+        raise SystemExit("the batch tiles do not run here (no AMX int8)")
+    load = [os.getloadavg()[0]]
+    arms = ("tiles", "vnni")
+    ms: dict[str, list[float]] = {a: [] for a in arms}
+    phases: dict[str, list[list[float]]] = {a: [] for a in arms}
+    for r in range(args.rounds):
+        for arm in (arms if r % 2 == 0 else arms[::-1]):
+            ops.set_r16_batch_tiles(arm == "tiles")
+            steps(2)
+            decoder.set_profiling(True)
+            ms[arm].append(steps(args.steps))
+            phases[arm].append([v / args.steps for v in decoder.profile_ms()])
+            decoder.set_profiling(False)
+    ops.set_r16_batch_tiles(True)
+    load.append(os.getloadavg()[0])
+    engine.close()
+    print(f"{args.model}, native + int16, batch {args.batch}, {args.threads} threads, {args.rounds} alternating rounds "
+          f"of {args.steps} steps, 1-min load {load[0]:.1f} -> {load[1]:.1f}")
+    med = {a: statistics.median(ms[a]) for a in arms}
+    print(f"  ms per step (wall)  tiles {med['tiles']:7.2f}  vnni {med['vnni']:7.2f}  tiles/vnni {med['tiles'] / med['vnni']:.2f}"
+          f"   (tiles {', '.join(f'{v:.2f}' for v in ms['tiles'])}; vnni {', '.join(f'{v:.2f}' for v in ms['vnni'])})")
+    for i, name in enumerate(PHASES):
+        t, v = (statistics.median(p[i] for p in phases[a]) for a in arms)
+        print(f"  {name:16s} tiles {t:7.3f}  vnni {v:7.3f} ms CPU per step")
     return 0
 
 

@@ -33,6 +33,7 @@
 #include "decode_ops.h"
 #include "q8_matmul.h"
 #include "quant_matmul.h"
+#include "r16_batch.h"
 #include "r16_matmul.h"
 #include "r16_tiles.h"
 #include "step_pool.h"
@@ -69,7 +70,8 @@ struct Linear {
       if (a < b && r16[i].data) {
         const int64_t g0 = xi ? (a + r16::kRows - 1) / r16::kRows * r16::kRows : b, g1 = xi ? b / r16::kRows * r16::kRows : b;
         if (g0 < g1) {
-          r16::product(r16[i], *xi, M, yw, ldy, g0, g1);  // AMX int8 tiles for prompt chunks (r16_tiles.h)
+          if (M <= 8) r16::batch_product(r16[i], *xi, M, yw, ldy, g0, g1);  // decoding batches (r16_batch.h)
+          else r16::product(r16[i], *xi, M, yw, ldy, g0, g1);  // AMX int8 tiles for prompt chunks (r16_tiles.h)
           if (a < g0) unpacked(i, x, M, yw, ldy, a, g0, xq, pack, bf16x);
           if (g1 < b) unpacked(i, x, M, yw, ldy, g1, b, xq, pack, bf16x);
         } else {

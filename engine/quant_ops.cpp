@@ -5,7 +5,8 @@
 //                                                            (r16_matmul.h; as the one-call step's Linear)
 //   quant_linear_r16(x, w, format, K, tiles) -> [M, N]   the same on w already in R16 (N % 16 == 0), any M:
 //                                                            tiles 1 AMX int8 tiles (r16_tiles.h), 0 the
-//                                                            VNNI kernel, -1 as the step chooses
+//                                                            VNNI kernel, -1 as the step chooses, 2 the
+//                                                            decoding batches' tiles (r16_batch.h, M <= 8)
 //   quant_r16_pack_(w, format, K) -> w                    w's blocks rewritten in the R16 layout, in place
 //   quant_linear_bf16x(x, w, format, K, row_scale?, bias?)   bf16 activations where the format has them
 //                                                            (prefill_gemm.h; bf16_activation_tiles(format))
@@ -20,6 +21,7 @@
 #include "q8_matmul.h"
 #include "quant_matmul.h"
 #include "r16_matmul.h"
+#include "r16_batch.h"
 #include "r16_tiles.h"
 
 namespace voxlane {
@@ -159,7 +161,8 @@ at::Tensor quant_linear_i16(const at::Tensor& x, const at::Tensor& w, int64_t fo
 
 // x [M, K] as int16 blocks times w, already in the R16 layout (quant_r16_pack_; N % 16 == 0), no bias:
 // tiles = 1 in AMX int8 tiles (an error where they cannot run), 0 the VNNI kernel (r16::matvec), -1 as
-// the one-call step's Linear chooses (r16::product). Each thread takes a contiguous range of groups.
+// the one-call step's Linear chooses (r16::product), 2 the batch tiles (r16::batch_product: M <= 8, an
+// error where they cannot run). Each thread takes a contiguous range of groups.
 at::Tensor quant_linear_r16(const at::Tensor& x, const at::Tensor& w, int64_t format, int64_t cols, int64_t tiles) {
   const QWeight q = qweight_of(w, format, cols, c10::nullopt, c10::nullopt);
   TORCH_CHECK(r16::has_layout(format) && q.rows % r16::kRows == 0, "format ", format, " with ", q.rows,
@@ -170,16 +173,30 @@ at::Tensor quant_linear_r16(const at::Tensor& x, const at::Tensor& w, int64_t fo
   const int64_t M = x.size(0), N = q.rows;
   const I16Input in(x, cols);
   const r16::I16Rows& rows = in.rows;
+  TORCH_CHECK(tiles != 2 || r16::batch_tiles_usable(rows, M), "the batch tiles do not run here (or M > 8)");
   const r16::Weight r = r16::view(format, q.data, N, cols, q.row_bytes);
   at::Tensor y = at::empty({M, N}, x.options());
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, N / r16::kRows, 1, [&](int64_t g0, int64_t g1) {
+    if (tiles == 2) return r16::batch_product(r, rows, M, yp, N, g0 * r16::kRows, g1 * r16::kRows, true);
     r16::product(r, rows, M, yp, N, g0 * r16::kRows, g1 * r16::kRows, static_cast<int>(tiles));
   });
   return y;
 }
 
 int64_t r16_tile_calls() { return r16::tile_calls(); }
+int64_t r16_batch_tile_calls() { return r16::batch_tile_calls(); }
+
+// Allow or forbid the batch tiles (r16_batch.h) in decoding batches -> whether they run now (allowed,
+// built, and AMX allowed and granted by the OS).
+bool set_r16_batch_tiles(bool allowed) {
+  r16::batch_tiles_allowed().store(allowed);
+#if defined(VOXLANE_R16_TILES)
+  return allowed && amx_runs();
+#else
+  return false;
+#endif
+}
 
 // w (file blocks, N % 16 == 0 rows) rewritten in place in the R16 layout: what the model's weights
 // become when int16 activations are on (engine/native_weights.py's pack_r16). Returns w.
@@ -244,6 +261,8 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
   m.def("r16_vnni() -> bool", &voxlane::r16_vnni);
   m.def("quant_linear_r16(Tensor x, Tensor w, int format, int cols, int tiles) -> Tensor");
   m.def("r16_tile_calls() -> int", &voxlane::r16_tile_calls);
+  m.def("r16_batch_tile_calls() -> int", &voxlane::r16_batch_tile_calls);
+  m.def("set_r16_batch_tiles(bool allowed) -> bool", &voxlane::set_r16_batch_tiles);
   m.def("r16_layout(int format) -> bool", &voxlane::r16_layout);
   m.def("quant_r16_pack_(Tensor(a!) w, int format, int cols) -> Tensor(a!)");
   m.def("quant_linear_bf16x(Tensor x, Tensor w, int format, int cols, Tensor? row_scale, Tensor? bias) -> Tensor");

@@ -73,6 +73,15 @@ def probability_of(logits: Tensor, token_ids: frozenset[int]) -> float:
     return float(probs[torch.tensor(sorted(token_ids), dtype=torch.long)].sum())
 
 
+def greedy_tokens(logits: Tensor) -> list[int]:
+    """argmax of each row of logits [B, V] (the first of equal maxima, NaN above all, as torch's). fp32 on
+    the CPU through numpy: torch's argmax took ~0.6 ms for 8 x 49,152 logits here against numpy's ~0.03
+    (a batch-8 SmolLM2 decode step is ~10-20 ms)."""
+    if logits.dtype == torch.float32 and logits.device.type == "cpu":
+        return logits.numpy().argmax(-1).tolist()
+    return logits.argmax(-1).tolist()
+
+
 class Sampler:
     """Per-sequence sampling inside one batch; ``generators`` hold seeded RNG state by sequence id."""
 
@@ -85,7 +94,7 @@ class Sampler:
     def sample(self, logits: Tensor, seqs: list[Sequence]) -> list[int]:
         """logits [B, V] float32 -> one token id per sequence (row)."""
         if all(s.sampling.is_greedy and s.sampling.is_plain for s in seqs):
-            return logits.argmax(-1).tolist()
+            return greedy_tokens(logits)
         return [self._sample_row(logits[i], s) for i, s in enumerate(seqs)]
 
     def _sample_row(self, logits: Tensor, seq: Sequence) -> int:

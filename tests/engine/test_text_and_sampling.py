@@ -6,7 +6,7 @@ import asyncio
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.sampler import Sampler, apply_repetition_penalty, filter_top_k_top_p
+from engine.sampler import Sampler, apply_repetition_penalty, filter_top_k_top_p, greedy_tokens
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
@@ -56,6 +56,22 @@ def test_top_k_and_top_p_filters():
     probs = logits.softmax(-1)  # [0.64, 0.24, 0.09, ...]: top_p 0.8 keeps the first two
     kept = ~torch.isinf(filter_top_k_top_p(logits.clone(), 0, 0.8))
     assert kept.tolist() == [True, True, False, False, False] and probs[:2].sum() > 0.8
+
+
+def test_greedy_tokens_are_torch_argmax():
+    """The greedy batch path (numpy's argmax for fp32 on the CPU) picks what torch's argmax picks: the
+    first of equal maxima, NaN above everything, -inf rows, rows of a non-contiguous view, bf16."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(8, 49152, generator=g)
+    logits[1, 7] = logits[1, 9] = logits[1].max() + 1  # a tie: the first
+    logits[2, 40000] = float("nan")
+    logits[3] = float("-inf")
+    logits[4, 5] = float("inf")
+    logits[5, 100] = logits[5, 50] = float("nan")  # NaNs: the first
+    for case in (logits, logits[::2], logits[:, 1000:], logits.T.contiguous().T, logits.bfloat16()):
+        assert greedy_tokens(case) == case.argmax(-1).tolist()
+    seqs = [Sequence(i, [1, 2], SamplingParams(temperature=0.0)) for i in range(8)]
+    assert Sampler().sample(logits, seqs) == logits.argmax(-1).tolist()
 
 
 def test_repetition_penalty_follows_hf_rule():

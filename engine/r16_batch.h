@@ -1,0 +1,190 @@
+// AMX int8 tiles for decoding batches (the one-call step's batches of kBatchTileMinRows-8 rows; the ops
+// take 1-8) on R16 weights with int16 activations: one tile product per 32-value block for all M rows
+// and both parts of x.
+//
+// Why: at 8 rows r16_matmul.h's VNNI kernel is bound by vpdpbusd itself (two per 4 weights, 16 weight
+// rows and activation row: 128 per block of a 16-row group at 8 rows, about one per cycle here; in one
+// linear in cache 8 rows took 4.7x one row's time), and r16_tiles.h's prompt tiles (two products and two
+// tile stores per block, whatever the row count) tie with it at 8 rows. Here q1 and q2 of the M rows are
+// ONE A tile of 2M rows: rows 0..M-1 q1, rows M..2M-1 q2, which is where they lie when the I16Rows hold
+// exactly M rows (q2 = q1 + M K: the one-call step's buffers and the ops' inputs), so one strided tile
+// load reads them; one TDPBSUD (B = the block's 16 weight rows, as in r16_tiles.h) gives both parts'
+// sums; one tile store of 2M x 64 bytes. The epilogue per activation row m is r16_tiles.h's: dot = (C[m]
+// << 7) + C[M + m] (- Z sum(Q)), acc[m] += float(dot) * (d[16] * s[m]) (+ m[16] * sx[m]): the VNNI
+// kernel's integer sums and fp32 operations in its order, so the outputs are bit-equal to r16::matvec's
+// (the tests check it). Block b + 1's product is issued before block b's epilogue (two banks).
+// Q4's B tiles (a line's low and high nibbles as 8 B rows) are split 2 blocks ahead into a ring on the
+// stack, during an earlier block's epilogue (a whole group split one group ahead, double-buffered, is 48
+// KB for down's 48 blocks: down took 1.04x the VNNI kernel's time in one linear at 8 rows, 0.92x with the
+// ring). The tiles are not released at the end of a call: each user of AMX here loads its own
+// configuration first, and releasing per call (the step calls this once per task and linear: ~280 calls
+// per SmolLM2 layer on one thread) made o_proj 1.4x slower than the VNNI kernel in a batch-8 step.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "r16_tiles.h"
+
+namespace voxlane::r16 {
+
+#if defined(VOXLANE_R16_TILES)
+namespace batch {
+
+inline std::atomic<int64_t> calls{0};  // the kernel's calls (batch_tile_calls)
+
+// Tiles 0, 1: C (2M x 64 bytes, two banks); 2, 3: A (2M x 32); 4, 5: B (8 x 64).
+struct alignas(64) Config {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 32, 32, 64, 64};
+  uint8_t rows[16] = {};
+  explicit Config(int M) {
+    for (int t = 0; t < 4; ++t) rows[t] = static_cast<uint8_t>(2 * M);
+    rows[4] = rows[5] = 8;
+  }
+};
+
+// y[m, n] = x^[m] . W[n] for weight rows [n0, n1) (multiples of 16) and the M (1-8) rows of x, whose q2
+// follows its q1 (x.q2 == x.q1 + M K).
+template <class B>
+inline void matmul(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  using Lay = Layout<B>;
+  const int64_t K = x.K, nb = w.nblocks, groups = w.rows / kRows;
+  // Q4: a ring of kAhead + 2 blocks' B tiles; block i (counting over the call's groups) is split kAhead
+  // blocks ahead, during block i - kAhead's epilogue (its loads are the stream's prefetch, and the
+  // stores are done well before the tile load reads them)
+  constexpr int64_t kAhead = 2, kRing = 4;
+  alignas(64) uint8_t ring[Lay::kNibbles ? kRing * 512 : 64];
+  static const Config configs[8] = {Config(1), Config(2), Config(3), Config(4),
+                                    Config(5), Config(6), Config(7), Config(8)};
+  _tile_loadconfig(&configs[M - 1]);
+  calls.fetch_add(1, std::memory_order_relaxed);
+  alignas(64) int32_t c[2][256];
+  const int8_t* q = x.q1;
+  const float *s = x.s, *sx = x.sx;
+  const int32_t* sumq = x.sumq;
+  const int64_t g0 = n0 / kRows, g1 = n1 / kRows, total = (g1 - g0) * nb;
+  auto split = [&](int64_t i) {  // block i of the call (group g0 + i / nb) into its ring slot
+    if (i < total) tiles::split_nibbles(w.group(g0 + i / nb) + (i % nb) * Lay::kLines * 64, 1, ring + 512 * (i % kRing));
+  };
+  if constexpr (Lay::kNibbles)
+    for (int64_t i = 0; i < kAhead; ++i) split(i);
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* group = w.group(g);
+    const uint8_t* next = w.group(std::min(g + 1, groups - 1));
+    const uint8_t* scales = group + w.lines_bytes;
+    const int64_t first = (g - g0) * nb;  // the group's first block in the call's count
+    __m512 acc[8];
+    for (int m = 0; m < 8; ++m) acc[m] = _mm512_setzero_ps();
+    auto epilogue = [&](const int32_t* cb, int64_t b) {
+      if constexpr (Lay::kNibbles) split(first + b + kAhead);
+      for (int j = 0; j < Lay::kLines; ++j)  // the next group's block b (a group ahead: ~6-16 KB)
+        _mm_prefetch(reinterpret_cast<const char*>(next + (b * Lay::kLines + j) * 64), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(next + w.lines_bytes + b * Lay::kScaleBytes), _MM_HINT_T0);
+      const uint8_t* sc = scales + b * Lay::kScaleBytes;
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
+      __m512 mn = d;
+      if constexpr (Lay::kMin) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)));
+#pragma GCC unroll 8
+      for (int m = 0; m < 8; ++m) {
+        if (m >= M) break;
+        __m512i v = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cb + 16 * m), 7),
+                                     _mm512_load_si512(cb + 16 * (M + m)));
+        if constexpr (Lay::kOffset != 0) v = _mm512_add_epi32(v, _mm512_set1_epi32(-Lay::kOffset * sumq[m * nb + b]));
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(d, _mm512_set1_ps(s[m * nb + b])), acc[m]);
+        if constexpr (Lay::kMin) acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(sx[m * nb + b]), acc[m]);
+      }
+    };
+    // B of block b: its ring slot (Q4) or its 8 lines in the group (Q8_0).
+    auto btile = [&](int64_t b) -> const uint8_t* {
+      if constexpr (Lay::kNibbles) return ring + 512 * ((first + b) % kRing);
+      return group + 512 * b;
+    };
+    // Tile numbers are immediates (pasted into the instruction's text): a macro. The memory clobber: the
+    // ring's stores before the tile load that reads them.
+#define VOXLANE_R16B_PRODUCT(C, A, Bt, b)     \
+  do {                                        \
+    __asm__ volatile("" ::: "memory");        \
+    _tile_zero(C);                            \
+    _tile_loadd(Bt, btile(b), 64);            \
+    _tile_loadd(A, q + kBlock * (b), K);      \
+    _tile_dpbsud(C, A, Bt);                   \
+  } while (0)
+    VOXLANE_R16B_PRODUCT(0, 2, 4, 0);
+    VOXLANE_TILE_STORE(0, c[0]);
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {  // bank 0 (c[0]) holds block b, stored
+      VOXLANE_R16B_PRODUCT(1, 3, 5, b + 1);
+      epilogue(c[0], b);
+      VOXLANE_TILE_STORE(1, c[1]);
+      const bool more = b + 2 < nb;
+      if (more) VOXLANE_R16B_PRODUCT(0, 2, 4, b + 2);
+      epilogue(c[1], b + 1);
+      if (more) VOXLANE_TILE_STORE(0, c[0]);
+    }
+    if (b < nb) epilogue(c[0], b);  // an odd block count: the last block, in bank 0
+#undef VOXLANE_R16B_PRODUCT
+    for (int m = 0; m < M; ++m) _mm512_storeu_ps(y + m * ldy + g * kRows, acc[m]);
+  }
+  // No _tile_release: every user of the tiles loads its own configuration first (q8_matmul.h,
+  // prefill_gemm.h, r16_tiles.h, here), and a decode step calls this once per task and linear.
+}
+
+}  // namespace batch
+#endif
+
+// Whether decoding batches may use the batch tiles where AMX runs (A/Bs and tests turn them off to run
+// the VNNI kernel on the same machine; torch.ops.voxlane.set_r16_batch_tiles).
+inline std::atomic<bool>& batch_tiles_allowed() {
+  static std::atomic<bool> allowed{true};
+  return allowed;
+}
+
+// Activation rows from which a decoding batch runs in the batch tiles (the step's choice). Why
+// (`python -m bench.decode_profile --batch B --int16-activations --ab-batch-tiles`, SmolLM2, 21:16-21:21,
+// load 5-6): at 8 rows a step took 0.88x the VNNI kernel's time on 2 threads and 0.94x on 1 (every
+// matrix phase faster; the LM head 0.80x); at 4 rows 1.08x (o_proj and down slower: the tiles' fixed cost
+// per block, ~25 ns in one linear, is the VNNI kernel's whole cost per block at 2-4 rows).
+constexpr int64_t kBatchTileMinRows = 8;
+
+// Whether the batch tiles can take M rows of x here: 1-8 rows whose q2 follows q1 (x holds exactly
+// those rows), built with AMX int8 and VNNI, allowed (set_r16_batch_tiles, set_prefill_amx) and granted.
+inline bool batch_tiles_usable(const I16Rows& x, int64_t M) {
+#if defined(VOXLANE_R16_TILES)
+  return M >= 1 && M <= 8 && x.q2 == x.q1 + M * x.K && batch_tiles_allowed().load(std::memory_order_relaxed) &&
+         amx_runs();
+#else
+  (void)x, (void)M;
+  return false;
+#endif
+}
+
+// Whether a decoding batch of M rows runs in the batch tiles (the one-call step's choice).
+inline bool batch_tiles_run(const I16Rows& x, int64_t M) { return M >= kBatchTileMinRows && batch_tiles_usable(x, M); }
+
+// y[m, n] = x^[m] . W[n] for weight rows [n0, n1) (multiples of 16) and the M <= 8 rows of x: in the batch
+// tiles where batch_tiles_run (or, forced = true, wherever batch_tiles_usable: the ops' tests), else
+// r16::matvec (VNNI). batch_tile_calls() counts the tiles' calls (tests; -1 without them in this build).
+inline void batch_product(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
+                          bool forced = false) {
+#if defined(VOXLANE_R16_TILES)
+  if (forced ? batch_tiles_usable(x, M) : batch_tiles_run(x, M)) {
+    gguf::with_format(w.format, [&](auto block) {
+      if constexpr (has_layout<decltype(block)>()) batch::matmul<decltype(block)>(w, x, M, y, ldy, n0, n1);
+    });
+    return;
+  }
+#endif
+  (void)forced;
+  matvec(w, x, M, y, ldy, n0, n1);
+}
+
+inline int64_t batch_tile_calls() {
+#if defined(VOXLANE_R16_TILES)
+  return batch::calls.load();
+#endif
+  return -1;
+}
+
+}  // namespace voxlane::r16
