@@ -5,11 +5,13 @@ Per run it prints the aggregate and where the wall went: the prompt steps (how m
 chunks, mixed with decode rows or not), the decode steps (their count and median time in the native call)
 and the rest of each step (Python: plan, sampling, outputs; wall time, so under load it holds waits for the
 CPU too). ``--ab-batch-tiles`` alternates the decoding batches' AMX tiles (engine/r16_batch.h) with the
-VNNI kernel run by run (order reversed every other round) and prints the medians.
+VNNI kernel run by run (order reversed every other round) and prints the medians; ``--json`` prints one
+JSON object with every run's split instead.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -24,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ab-batch-tiles", action="store_true", help="alternate the batch tiles and the VNNI kernel")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of the lines")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -73,38 +76,57 @@ def main(argv: list[str] | None = None) -> int:
             s.text()
         return sum(len(s.output_ids) for s in streams) / (max(s.finished_at for s in streams) - start)
 
-    def report(label: str, aggregate: float) -> None:
+    def split(arm: str, round_: int, aggregate: float) -> dict:
+        """One run's wall per kind of step (ms)."""
         prompt = [s for s in steps if s["prompt_rows"]]
         decode = [s for s in steps if not s["prompt_rows"]]
         total = sum(s.get("wall", 0.0) for s in steps)
-        print(f"  {label}: {aggregate:.1f} tok/s; {len(prompt)} prompt step(s) "
-              + ", ".join(f"{s['prompt_rows']} rows in {s['chunks']} chunks + {s['decode_rows']} decode rows "
-                          f"{s['native'] * 1e3:.0f} ms" for s in prompt)
-              + f"; {len(decode)} decode steps, native median {statistics.median(s['native'] for s in decode) * 1e3:.2f} ms "
-              f"(sum {sum(s['native'] for s in decode) * 1e3:.0f}); the rest of the steps "
-              f"{(total - sum(s['native'] for s in steps)) * 1e3:.0f} ms of {total * 1e3:.0f}", flush=True)
+        return {"arm": arm, "round": round_, "tok_s": aggregate,
+                "prompt_steps": [{"rows": s["prompt_rows"], "chunks": s["chunks"], "decode_rows": s["decode_rows"],
+                                  "native_ms": s["native"] * 1e3} for s in prompt],
+                "decode_steps": len(decode),
+                "decode_native_median_ms": statistics.median(s["native"] for s in decode) * 1e3 if decode else 0.0,
+                "decode_native_ms": sum(s["native"] for s in decode) * 1e3,
+                "rest_ms": (total - sum(s["native"] for s in steps)) * 1e3, "wall_ms": total * 1e3}
+
+    def report(run: dict) -> None:
+        print(f"  round {run['round']} {run['arm']}: {run['tok_s']:.1f} tok/s; {len(run['prompt_steps'])} prompt step(s) "
+              + ", ".join(f"{s['rows']} rows in {s['chunks']} chunks + {s['decode_rows']} decode rows "
+                          f"{s['native_ms']:.0f} ms" for s in run["prompt_steps"])
+              + f"; {run['decode_steps']} decode steps, native median {run['decode_native_median_ms']:.2f} ms "
+              f"(sum {run['decode_native_ms']:.0f}); the rest of the steps {run['rest_ms']:.0f} ms of "
+              f"{run['wall_ms']:.0f}", flush=True)
 
     ops = torch.ops.voxlane
     arms = ("tiles", "vnni") if args.ab_batch_tiles else ("as built",)
     if args.ab_batch_tiles and not ops.set_r16_batch_tiles(True):
         raise SystemExit("the batch tiles do not run here (no AMX int8)")
-    print(f"{args.model}, native + int16, batch {args.batch}, {args.tokens} tokens, {args.threads} threads, "
-          f"1-min load {os.getloadavg()[0]:.1f}")
+    load_start = os.getloadavg()[0]
+    if not args.json:
+        print(f"{args.model}, native + int16, batch {args.batch}, {args.tokens} tokens, {args.threads} threads, "
+              f"1-min load {load_start:.1f}")
+    runs: list[dict] = []
     try:
         batch_run()  # warm-up
-        figures: dict[str, list[float]] = {a: [] for a in arms}
         for r in range(args.rounds):
             for arm in (arms if r % 2 == 0 else arms[::-1]):
                 if args.ab_batch_tiles:
                     ops.set_r16_batch_tiles(arm == "tiles")
-                figures[arm].append(batch_run())
-                report(f"round {r + 1} {arm}", figures[arm][-1])
+                runs.append(split(arm, r + 1, batch_run()))
+                if not args.json:
+                    report(runs[-1])
     finally:
         if args.ab_batch_tiles:
             ops.set_r16_batch_tiles(True)
         engine.close()
-    print(f"medians (1-min load {os.getloadavg()[0]:.1f}): "
-          + ", ".join(f"{a} {statistics.median(v):.1f} tok/s" for a, v in figures.items()))
+    medians = {a: statistics.median(run["tok_s"] for run in runs if run["arm"] == a) for a in arms}
+    if args.json:
+        print(json.dumps({"model": args.model, "batch": args.batch, "tokens": args.tokens, "threads": args.threads,
+                          "load_average": [load_start, os.getloadavg()[0]], "runs": runs,
+                          "median_tok_s": medians}, indent=2))
+    else:
+        print(f"medians (1-min load {os.getloadavg()[0]:.1f}): "
+              + ", ".join(f"{a} {v:.1f} tok/s" for a, v in medians.items()))
     return 0
 
 

@@ -1,0 +1,36 @@
+"""``python -m bench.batch_ab``: the batch-8 row in one engine, its wall split per step, and the batch
+tiles alternated with the VNNI kernel."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from bench import batch_ab
+from engine import kernels
+
+
+def test_json_splits_every_run_and_the_tiles_arm_runs_tiles(capsys, smollm2_dir):
+    ops = kernels.load_kernels()
+    if ops is None or not ops.set_r16_batch_tiles(True):
+        pytest.skip("no AMX int8 here (or no kernels): --ab-batch-tiles refuses to run and says so")
+    calls = ops.r16_batch_tile_calls()
+    batch_ab.main(["--batch", "8", "--tokens", "3", "--rounds", "1", "--ab-batch-tiles", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert [run["arm"] for run in report["runs"]] == ["tiles", "vnni"]
+    for run in report["runs"]:
+        # all 8 prompts arrive before the first step: one prompt step (the first token), then 2 decode steps
+        assert len(run["prompt_steps"]) == 1 and run["prompt_steps"][0]["rows"] > 8 * 10, run
+        assert run["decode_steps"] == 2 and run["decode_native_median_ms"] > 0, run
+        assert run["tok_s"] > 0 and 0 <= run["rest_ms"] <= run["wall_ms"], run
+    assert set(report["median_tok_s"]) == {"tiles", "vnni"}
+    assert ops.r16_batch_tile_calls() > calls  # the tiles' arm (8 decode rows) ran in them
+
+
+def test_lines_name_each_run_and_the_median(capsys, smollm2_dir):
+    batch_ab.main(["--batch", "2", "--tokens", "3", "--rounds", "1"])
+    out = capsys.readouterr().out
+    assert re.search(r"^  round 1 as built: [\d.]+ tok/s; 1 prompt step\(s\) \d+ rows in 2 chunks \+ 0 decode rows "
+                     r"\d+ ms; 2 decode steps, native median [\d.]+ ms", out, re.M), out
+    assert re.search(r"^medians \(1-min load [\d.]+\): as built [\d.]+ tok/s$", out, re.M), out
