@@ -226,7 +226,8 @@ at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const 
   return attention(qkv, cos, sin, k_cache, v_cache, slots, positions, num_heads, num_kv_heads, window, false);
 }
 
-// Rows of prompt chunks (one slot's consecutive positions, in order) as the one-call step attends them.
+// Rows of prompt chunks (one slot's consecutive positions, in order) as the one-call step attends them;
+// its twin is decode_attention_reference over the same rows in order (each row sees the keys before it).
 at::Tensor prompt_attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
                             at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& positions,
                             int64_t num_heads, int64_t num_kv_heads, int64_t window) {
