@@ -209,6 +209,109 @@ inline void attend(const AttentionArgs& a, int64_t t, AttentionScratch& scratch,
   }
 }
 
+// A prompt chunk's rows share their keys: rows b0..b0+n-1 (n <= 16) of one slot at consecutive positions
+// p0..p0+n-1 attend together, row m over keys 0..p0+m (kv head g, its R query heads), each key and value
+// read once for the n rows of each head instead of once per row. Lanes are the rows: a head's queries
+// transposed to q[i][m] (RoPE'd), so a key's score for 16 rows is d FMAs with the key's values broadcast,
+// 16 keys at a time in 16 accumulators; no horizontal sums (scores_by_16 reduces each dot product); the
+// scores stay [key][row] for the softmax (per lane) and the weighted values (out[i][m] += p[j][m] v_j[i],
+// 16 dims at a time, transposed into the rows at the end). The same products and exp as attend, in
+// another addition order (float tolerance). Where it does not apply (window cuts keys, d not a multiple
+// of 16 or > 128, fewer than kBlockMinRows rows), attend per row.
+#if defined(VOXLANE_GEMM)
+constexpr int64_t kBlockMinRows = 4;
+
+inline void attend_rows16(const AttentionArgs& a, int64_t b0, int64_t n, int64_t g, AttentionScratch& scratch) {
+  const int64_t H = a.H, Hkv = a.Hkv, d = a.d, L = a.L, R = H / Hkv, h0 = g * R;
+  const int64_t p0 = a.positions[b0], n_keys = p0 + n;
+  const float* keys = a.k_cache + ((a.slots[b0] * Hkv + g) * L) * d;
+  const float* values = a.v_cache + ((a.slots[b0] * Hkv + g) * L) * d;
+  scratch.q.assign(R * d * 16, 0.f);  // [R][d][16 rows]
+  scratch.scores.resize(n_keys * 16);  // one head's [n_keys][16 rows]
+  float head[128];
+  for (int64_t m = 0; m < n; ++m)
+    for (int64_t r = 0; r < R; ++r) {
+      rope_into(a.qkv + (b0 + m) * a.row + (h0 + r) * d, a.cos + (b0 + m) * d, a.sin + (b0 + m) * d, d, head);
+      for (int64_t i = 0; i < d; ++i) scratch.q[(r * d + i) * 16 + m] = head[i];
+    }
+  const __m512 scale = _mm512_set1_ps(a.scale), minus_inf = _mm512_set1_ps(-INFINITY);
+  const __m512i lane_pos = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(p0)),
+                                            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  for (int64_t r = 0; r < R; ++r) {
+    const float* q = scratch.q.data() + r * d * 16;
+    float* S = scratch.scores.data();
+    __m512 top = minus_inf;
+    // key j's scores: masked (-inf) in the lanes of rows before it (position p0 + m < j)
+    auto keep = [&](int64_t j, __m512 acc) {
+      __m512 s = _mm512_mul_ps(acc, scale);
+      if (j > p0) s = _mm512_mask_mov_ps(s, _mm512_cmplt_epi32_mask(lane_pos, _mm512_set1_epi32(static_cast<int32_t>(j))),
+                                         minus_inf);
+      _mm512_storeu_ps(S + j * 16, s);
+      top = _mm512_max_ps(top, s);
+    };
+    int64_t j0 = 0;
+    for (; j0 + 16 <= n_keys; j0 += 16) {
+      __m512 acc[16];
+      for (int jj = 0; jj < 16; ++jj) acc[jj] = _mm512_setzero_ps();
+      const float* k = keys + j0 * d;
+      for (int64_t i = 0; i < d; ++i) {
+        const __m512 qi = _mm512_loadu_ps(q + i * 16);
+#pragma GCC unroll 16
+        for (int jj = 0; jj < 16; ++jj) acc[jj] = _mm512_fmadd_ps(qi, _mm512_set1_ps(k[jj * d + i]), acc[jj]);
+      }
+      for (int jj = 0; jj < 16; ++jj) keep(j0 + jj, acc[jj]);
+    }
+    for (int64_t j = j0; j < n_keys; ++j) {  // the last < 16 keys one at a time
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t i = 0; i < d; ++i) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i * 16), _mm512_set1_ps(keys[j * d + i]), acc);
+      keep(j, acc);
+    }
+    alignas(64) float top_m[16], total[16] = {};
+    _mm512_store_ps(top_m, top);
+    for (int64_t j = 0; j < n_keys; ++j) {  // softmax numerators (0 where masked) and their sums, per row
+      float* sj = S + j * 16;
+#pragma omp simd
+      for (int m = 0; m < 16; ++m) {
+        const float e = j <= p0 + m ? fast_exp(sj[m] - top_m[m]) : 0.f;
+        sj[m] = e;
+        total[m] += e;
+      }
+    }
+    alignas(64) float inv[16], block[16][16];
+    for (int m = 0; m < 16; ++m) inv[m] = 1.f / total[m];
+    const __m512 inv_v = _mm512_load_ps(inv);
+    for (int64_t i0 = 0; i0 < d; i0 += 16) {
+      __m512 acc[16];
+      for (int ii = 0; ii < 16; ++ii) acc[ii] = _mm512_setzero_ps();
+      for (int64_t j = 0; j < n_keys; ++j) {
+        const __m512 p = _mm512_loadu_ps(S + j * 16);
+        const float* v = values + j * d + i0;
+#pragma GCC unroll 16
+        for (int ii = 0; ii < 16; ++ii) acc[ii] = _mm512_fmadd_ps(p, _mm512_set1_ps(v[ii]), acc[ii]);
+      }
+      for (int ii = 0; ii < 16; ++ii) _mm512_store_ps(block[ii], _mm512_mul_ps(acc[ii], inv_v));
+      for (int64_t m = 0; m < n; ++m) {
+        float* o = a.out + (b0 + m) * H * d + (h0 + r) * d + i0;
+        for (int ii = 0; ii < 16; ++ii) o[ii] = block[ii][m];
+      }
+    }
+  }
+}
+#endif
+
+// Rows b0..b0+n-1 attend kv head g: together (attend_rows16) where they are one slot's consecutive
+// positions and it applies, else each on its own (attend).
+inline void attend_rows(const AttentionArgs& a, int64_t b0, int64_t n, int64_t g, AttentionScratch& scratch) {
+#if defined(VOXLANE_GEMM)
+  bool together = n >= kBlockMinRows && n <= 16 && a.d % 16 == 0 && a.d <= 128 &&
+                  (a.window <= 0 || a.positions[b0] + n <= a.window);
+  for (int64_t m = 1; together && m < n; ++m)
+    together = a.slots[b0 + m] == a.slots[b0] && a.positions[b0 + m] == a.positions[b0] + m;
+  if (together) return attend_rows16(a, b0, n, g, scratch);
+#endif
+  for (int64_t m = 0; m < n; ++m) attend(a, (b0 + m) * a.Hkv + g, scratch);
+}
+
 // Both, for one new token per sequence (each row its own slot): the per-op decode_attention.
 inline void attend_one(const AttentionArgs& a, int64_t t, AttentionScratch& scratch) {
   write_kv(a, t);

@@ -338,7 +338,7 @@ class StepWork : public PhasedWork {
       case 0: case 5: return chunks(T, kRows);
       case 1: return chunks(Nqkv, qkv_rows);
       case 2: return kv_in_qkv ? 0 : T * m.Hkv;
-      case 3: return T * m.Hkv * head_tasks;
+      case 3: return kv_in_qkv ? T * m.Hkv * head_tasks : chunks(T, kRows) * m.Hkv;
       case 6: return chunks(m.I, act_rows);
       default: return chunks(m.D, d_rows);  // o_proj, down
     }
@@ -391,6 +391,13 @@ class StepWork : public PhasedWork {
       }
       case 2: return write_kv(args, task);
       case 3: {
+        if (!kv_in_qkv) {  // a prompt chunk's rows 16 at a time (attend_rows), the last rows' (most keys) first
+          const int64_t g = task % m.Hkv, b0 = (chunks(T, kRows) - 1 - task / m.Hkv) * kRows, n = std::min(kRows, T - b0);
+          attend_rows(args, b0, n, g, scratch[worker]);
+          if (buf.attnq.q || buf.attni.q1)
+            for (int64_t b = b0; b < b0 + n; ++b) quantize_heads(b * m.Hkv + g, 0, m.H / m.Hkv);
+          return;
+        }
         const int64_t t = task / head_tasks, r0 = (task % head_tasks) * (m.H / m.Hkv / head_tasks);
         const int64_t r1 = r0 + m.H / m.Hkv / head_tasks;
         attend(args, t, scratch[worker], r0, r1);

@@ -175,9 +175,9 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 // kv head attends keys 0..position of its own slot (the last `window` of them when window > 0:
 // Mistral's sliding window). No mask tensor and no padding: each sequence
 // reads exactly its own length. Replaces RoPE, two index_put, the GQA reshapes and SDPA.
-at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
+static at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
                             at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& positions,
-                            int64_t num_heads, int64_t num_kv_heads, int64_t window) {
+                            int64_t num_heads, int64_t num_kv_heads, int64_t window, bool rows_together) {
   const int64_t B = qkv.size(0), H = num_heads, Hkv = num_kv_heads, d = k_cache.size(3), L = k_cache.size(2);
   TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous() &&
                   qkv.size(1) == (H + 2 * Hkv) * d,
@@ -203,14 +203,35 @@ at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const 
   at::Tensor y = at::empty({B, H * d}, qkv.options());
   const float *qkv_p = qkv.data_ptr<float>(), *cos_p = cos.data_ptr<float>(), *sin_p = sin.data_ptr<float>();
   float *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>(), *yp = y.data_ptr<float>();
-
-  // One task per (sequence, kv head): decode_ops.h's attend_one.
   const AttentionArgs args{qkv_p, cos_p, sin_p, kc, vc, slot_p, pos_p, yp, H, Hkv, d, L, window};
+  if (rows_together) {
+    // As the one-call step runs a prompt chunk: every row's k/v written, then rows 16 at a time (attend_rows).
+    for (int64_t t = 0; t < B * Hkv; ++t) write_kv(args, t);
+    AttentionScratch scratch;
+    for (int64_t b0 = 0; b0 < B; b0 += 16)
+      for (int64_t g = 0; g < Hkv; ++g) attend_rows(args, b0, std::min<int64_t>(16, B - b0), g, scratch);
+    return y;
+  }
+  // One task per (sequence, kv head): decode_ops.h's attend_one.
   at::parallel_for(0, B * Hkv, 1, [&](int64_t t0, int64_t t1) {
     AttentionScratch scratch;
     for (int64_t t = t0; t < t1; ++t) attend_one(args, t, scratch);
   });
   return y;
+}
+
+at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
+                            at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& positions,
+                            int64_t num_heads, int64_t num_kv_heads, int64_t window) {
+  return attention(qkv, cos, sin, k_cache, v_cache, slots, positions, num_heads, num_kv_heads, window, false);
+}
+
+// Rows of prompt chunks (one slot's consecutive positions, in order) as the one-call step attends them;
+// its twin is decode_attention_reference over the same rows in order (each row sees the keys before it).
+at::Tensor prompt_attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
+                            at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& positions,
+                            int64_t num_heads, int64_t num_kv_heads, int64_t window) {
+  return attention(qkv, cos, sin, k_cache, v_cache, slots, positions, num_heads, num_kv_heads, window, true);
 }
 
 }  // namespace voxlane
@@ -221,6 +242,8 @@ TORCH_LIBRARY(voxlane, m) {
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("decode_attention(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
         "Tensor slots, Tensor positions, int num_heads, int num_kv_heads, int window) -> Tensor");
+  m.def("prompt_attention(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+        "Tensor slots, Tensor positions, int num_heads, int num_kv_heads, int window) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(voxlane, CPU, m) {
@@ -228,4 +251,5 @@ TORCH_LIBRARY_IMPL(voxlane, CPU, m) {
   m.impl("add_rms_norm_", &voxlane::add_rms_norm_);
   m.impl("silu_mul", &voxlane::silu_mul);
   m.impl("decode_attention", &voxlane::decode_attention);
+  m.impl("prompt_attention", &voxlane::prompt_attention);
 }

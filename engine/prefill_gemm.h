@@ -381,18 +381,29 @@ inline bool enabled() {
   return ok;
 }
 
-// Every tile 16 rows x 64 bytes: C0, C1 (fp32), A (weights), B hi, B lo of two activation blocks.
+// A tile configuration (palette 1; _tile_loadconfig's 64 bytes), built by naming runs of tiles:
+// TileConfig().tiles(first, count, rows, bytes_per_row).... Every AMX kernel's (this file's bf16 tiles,
+// q8_matmul.h's int8 tiles, r16_tiles.h's) is one of these, held in a static const: gcc's
+// _tile_loadconfig tells the compiler it reads 8 bytes, so a config built on the stack just before it
+// had its other bytes never stored (ldtilecfg faulted).
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
-  TileConfig() {
-    for (int t = 0; t < 8; ++t) {
-      colsb[t] = 64;
-      rows[t] = 16;
+  TileConfig& tiles(int first, int count, int r, int bytes) {
+    for (int t = first; t < first + count; ++t) {
+      rows[t] = static_cast<uint8_t>(r);
+      colsb[t] = static_cast<uint16_t>(bytes);
     }
+    return *this;
   }
 };
+
+// Every tile 16 rows x 64 bytes: C0, C1 (fp32), A (weights), B hi, B lo of two activation blocks.
+inline const TileConfig& bf16_tile_config() {
+  static const TileConfig config = TileConfig().tiles(0, 8, 16, 64);
+  return config;
+}
 
 // Int8 weight rows [p0, p0 + rows) (rows <= 16; the others zero) -> A tiles' rows [16][Kp] bf16 (exact).
 inline void int8_rows(const uint8_t* data, int64_t row_bytes, int64_t K, int64_t Kp, int64_t p0, int64_t rows,
@@ -460,8 +471,7 @@ inline void int8_weights(const uint8_t* data, int64_t row_bytes, int64_t K, cons
   const XPack& xp = packed_x(pack, x, M, ldx, K, 2);
   thread_local std::vector<uint16_t> a;
   a.resize(16 * xp.Kp);
-  static const TileConfig config;
-  _tile_loadconfig(&config);
+  _tile_loadconfig(&bf16_tile_config());
   for (int64_t p0 = n0; p0 < n1; p0 += 16) {
     const int64_t rows = std::min<int64_t>(16, n1 - p0);
     int8_rows(data, row_bytes, K, xp.Kp, p0, rows, a.data());
@@ -642,8 +652,7 @@ inline void bf16x_weights(const uint8_t* data, int64_t row_bytes, int64_t K, con
   ahi.resize(16 * K);
   alo.resize(16 * K);
   mins.resize(16 * nblocks);
-  static const TileConfig config;
-  _tile_loadconfig(&config);
+  _tile_loadconfig(&bf16_tile_config());
   for (int64_t p0 = n0; p0 < n1; p0 += 16) {
     const int64_t rows = std::min<int64_t>(16, n1 - p0);
     pair_rows<B>(data, row_bytes, K, p0, rows, ahi.data(), alo.data(), mins.data());

@@ -519,11 +519,10 @@ template <> struct TileQ8<gguf::BlockQ6_K> : TileQ8Of<gguf::BlockQ6_K, true, 32,
 
 // Tiles: C0-C3 (16 x 16 int32), A0, A1 (16 weight rows x K bytes), B0, B1 (K / 4 rows x 64 bytes);
 // K = 32 (a sub-block), or 16 (half of one: Q6_K).
-template <int K> struct alignas(64) Q8TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 64, 64, K, K, 64, 64};
-  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, K / 4, K / 4};
-};
+template <int K> inline const TileConfig& q8_tile_config() {
+  static const TileConfig config = TileConfig().tiles(0, 4, 16, 64).tiles(4, 2, 16, K).tiles(6, 2, K / 4, 64);
+  return config;
+}
 
 // _tile_stored without gcc's "memory" clobber: the 1 KB it writes is the asm's output operand, so what
 // the compiler holds for other memory (the loop's pointers and scales, the accumulators it keeps on
@@ -619,8 +618,7 @@ inline void q8_weights(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, 
   uint8_t* ap = a.data();
   float *sap = sa.data(), *scp = sc.data();
   __asm__("" : "+r"(ap), "+r"(sap), "+r"(scp));
-  static const Q8TileConfig<T::HALVES ? 16 : 32> config;
-  _tile_loadconfig(&config);
+  _tile_loadconfig(&q8_tile_config<T::HALVES ? 16 : 32>());
   // The first panel's bytes all asked for before its unpack reads them block by block (a task's first
   // panel comes from memory: one miss at a time would leave the unpack waiting on each line in turn).
   gemm::prefetch_panel(w.data, w.row_bytes, n0, std::min<int64_t>(n1, n0 + 16));

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <vector>
@@ -47,14 +48,14 @@ inline std::atomic<int64_t>& calls() {
 }
 
 // C0-C3 (R x 64 bytes), A0, A1 (tiles 4, 5: R x 32 bytes), B (tile 6: 8 x 64 bytes); R activation rows.
-struct alignas(64) Config {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 64, 64, 32, 32, 64};
-  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 8};
-  explicit Config(int R) {
-    for (int t = 0; t < 6; ++t) rows[t] = static_cast<uint8_t>(R);
-  }
-};
+inline const amx::TileConfig& config(int R) {
+  static const auto configs = [] {
+    std::array<amx::TileConfig, 16> all;
+    for (int r = 1; r <= 16; ++r) all[r - 1].tiles(0, 4, r, 64).tiles(4, 2, r, 32).tiles(6, 1, 8, 64);
+    return all;
+  }();
+  return configs[R - 1];
+}
 
 // A Q4 group's lines -> B tiles (per block: rows 0-3 the low nibbles of lines 0-3, rows 4-7 the high).
 inline void split_nibbles(const uint8_t* lines, int64_t nb, uint8_t* out) {
@@ -102,12 +103,7 @@ inline void matmul(const Weight& w, const I16Rows& x, int64_t M, float* y, int64
     for (int64_t m0 = 0; m0 < M; m0 += 16) {
       const int R = static_cast<int>(std::min<int64_t>(16, M - m0));
       if (R != loaded) {
-        // static: gcc's _tile_loadconfig tells the compiler it reads 8 bytes, so a config built on the
-        // stack here had its other bytes never stored
-        static const Config configs[16] = {Config(1), Config(2),  Config(3),  Config(4),  Config(5),  Config(6),
-                                           Config(7), Config(8),  Config(9),  Config(10), Config(11), Config(12),
-                                           Config(13), Config(14), Config(15), Config(16)};
-        _tile_loadconfig(&configs[R - 1]);
+        _tile_loadconfig(&config(R));
         loaded = R;
       }
       const int8_t *q1 = x.q1 + m0 * K, *q2 = x.q2 + m0 * K;

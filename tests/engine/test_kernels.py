@@ -100,13 +100,16 @@ def test_one_call_decode_step_equals_generic_forward(ops, smollm2_dir, quant):
         model.kernels = ops
         if quant == "int8":
             quantize_int8(model)
-    check_one_call_step(model)
+    # int8 weights: the keys of later layers carry the rounding of every earlier layer's int8 products, and
+    # prompts of 9+ rows attend 16 rows at a time (another addition order than the row-by-row decode):
+    # measured 1.02e-5 of the range at batch 8 (9.9e-6 with rows attending one by one), 1.4e-6 in fp32
+    check_one_call_step(model, key_tolerance=3e-5 if quant == "int8" else 1e-5)
 
 
 SCATTERED_SLOTS = {1: [4], 3: [0, 4, 7], 8: list(range(1, 9))}  # of 9: holes between, and not from 0
 
 
-def check_one_call_step(model, batches=(1, 3, 8)):
+def check_one_call_step(model, batches=(1, 3, 8), key_tolerance=1e-5):
     for B in batches:
         slots = SCATTERED_SLOTS[B]
         lengths = [6 + 5 * b for b in range(B)]
@@ -123,7 +126,7 @@ def check_one_call_step(model, batches=(1, 3, 8)):
         assert (logits[0] - logits[1]).abs().max().item() < 1e-4 * logits[1].abs().max().item(), f"batch {B}"
         assert torch.equal(logits[0].argmax(-1), logits[1].argmax(-1)), f"batch {B}"
         for fused_k, generic_k in zip(*caches):  # each slot's keys 0..position, the new one included
-            assert (fused_k - generic_k).abs().max().item() < 1e-5 * (1 + generic_k.abs().max().item()), f"batch {B}"
+            assert (fused_k - generic_k).abs().max().item() < key_tolerance * (1 + generic_k.abs().max().item()), f"batch {B}"
 
 
 @pytest.fixture(scope="module")

@@ -128,3 +128,26 @@ def test_attention_over_long_rows_of_keys(ops, H, Hkv, d, window):
     got = ops.decode_attention(qkv, cos, sin, k_cache, v_cache, slots, positions, H, Hkv, window)
     expected = K.decode_attention_reference(qkv, cos, sin, k_ref, v_ref, slots, positions, H, Hkv, window)
     assert (got - expected).abs().max().item() < 1e-5 * (1 + expected.abs().max().item())
+
+
+@pytest.mark.parametrize("H, Hkv, d", [(9, 3, 64), (14, 2, 64), (12, 2, 128)])  # SmolLM2, Qwen2.5 0.5B, 1.5B
+@pytest.mark.parametrize("rows, start", [(43, 0), (300, 0), (16, 0), (5, 0), (3, 0), (29, 37), (17, 290)])
+def test_prompt_rows_attend_together(ops, H, Hkv, d, rows, start):
+    """A prompt chunk's rows attend 16 at a time (decode_ops.h's attend_rows16: rows as lanes, each key
+    read once per 16 rows; what the one-call step runs for chunks of 9+ rows), against torch row by row:
+    chunks that start at position 0 and after earlier keys (start), row counts with partial blocks (43,
+    29, 17: tails of 11, 13, 1 rows; 3 rows: below kBlockMinRows, row by row), keys in partial blocks of 16,
+    and a row of another slot after the chunk (a decode row in the same step: its block goes row by row)."""
+    S, L = 3, 320
+    g = torch.Generator().manual_seed(H * d + rows + start)
+    k_cache, v_cache = torch.randn(S, Hkv, L, d, generator=g), torch.randn(S, Hkv, L, d, generator=g)
+    B = rows + 1
+    qkv = torch.randn(B, (H + 2 * Hkv) * d, generator=g) * 2
+    cos, sin = torch.randn(B, d, generator=g), torch.randn(B, d, generator=g)
+    slots = torch.tensor([1] * rows + [2])
+    positions = torch.tensor(list(range(start, start + rows)) + [7])
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    got = ops.prompt_attention(qkv, cos, sin, k_cache, v_cache, slots, positions, H, Hkv, 0)
+    expected = K.decode_attention_reference(qkv, cos, sin, k_ref, v_ref, slots, positions, H, Hkv, 0)
+    assert (got - expected).abs().max().item() < 1e-5 * (1 + expected.abs().max().item())
+    assert torch.allclose(k_cache, k_ref, atol=1e-5) and torch.equal(v_cache, v_ref)  # every row's k/v written
