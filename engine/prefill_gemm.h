@@ -383,7 +383,7 @@ inline bool enabled() {
 
 // A tile configuration (palette 1; _tile_loadconfig's 64 bytes), built by naming runs of tiles:
 // TileConfig().tiles(first, count, rows, bytes_per_row).... Every AMX kernel's (this file's bf16 tiles,
-// q8_matmul.h's int8 tiles, r16_tiles.h's) is one of these, held in a static const: gcc's
+// q8_matmul.h's int8 tiles, r16_tiles.h's and r16_batch.h's) is one of these, held in a static const: gcc's
 // _tile_loadconfig tells the compiler it reads 8 bytes, so a config built on the stack just before it
 // had its other bytes never stored (ldtilecfg faulted).
 struct alignas(64) TileConfig {

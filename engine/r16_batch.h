@@ -22,6 +22,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 
@@ -34,16 +35,15 @@ namespace batch {
 
 inline std::atomic<int64_t> calls{0};  // the kernel's calls (batch_tile_calls)
 
-// Tiles 0, 1: C (2M x 64 bytes, two banks); 2, 3: A (2M x 32); 4, 5: B (8 x 64).
-struct alignas(64) Config {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 32, 32, 64, 64};
-  uint8_t rows[16] = {};
-  explicit Config(int M) {
-    for (int t = 0; t < 4; ++t) rows[t] = static_cast<uint8_t>(2 * M);
-    rows[4] = rows[5] = 8;
-  }
-};
+// Tiles 0, 1: C (2M x 64 bytes, two banks); 2, 3: A (2M x 32); 4, 5: B (8 x 64); M activation rows.
+inline const amx::TileConfig& config(int M) {
+  static const auto configs = [] {
+    std::array<amx::TileConfig, 8> all;
+    for (int m = 1; m <= 8; ++m) all[m - 1].tiles(0, 2, 2 * m, 64).tiles(2, 2, 2 * m, 32).tiles(4, 2, 8, 64);
+    return all;
+  }();
+  return configs[M - 1];
+}
 
 // y[m, n] = x^[m] . W[n] for weight rows [n0, n1) (multiples of 16) and the M (1-8) rows of x, whose q2
 // follows its q1 (x.q2 == x.q1 + M K).
@@ -56,9 +56,7 @@ inline void matmul(const Weight& w, const I16Rows& x, int64_t M, float* y, int64
   // stores are done well before the tile load reads them)
   constexpr int64_t kAhead = 2, kRing = 4;
   alignas(64) uint8_t ring[Lay::kNibbles ? kRing * 512 : 64];
-  static const Config configs[8] = {Config(1), Config(2), Config(3), Config(4),
-                                    Config(5), Config(6), Config(7), Config(8)};
-  _tile_loadconfig(&configs[M - 1]);
+  _tile_loadconfig(&config(static_cast<int>(M)));
   calls.fetch_add(1, std::memory_order_relaxed);
   alignas(64) int32_t c[2][256];
   const int8_t* q = x.q1;
