@@ -235,6 +235,17 @@ class NativeDecoder : public torch::CustomClassHolder {
   void set_profiling(bool on) {
     profiling_ = on;
     for (auto& t : profile_ns_) t.store(0);
+    pool_.set_profiling(on);
+    step_ns_ = 0;
+  }
+  // Profiling of the hand-offs (StepPool::profile): [ns in step() calls, then the pool's figures:
+  // steps, ns in its run(), the calling thread's ns after its last task, per worker task / wait /
+  // other ns, tasks, waits].
+  std::vector<int64_t> handoff_profile() const {
+    std::vector<int64_t> out{step_ns_};
+    const std::vector<int64_t> pool = pool_.profile();
+    out.insert(out.end(), pool.begin(), pool.end());
+    return out;
   }
   std::vector<double> profile_ms() const {
     std::vector<double> out;
@@ -258,6 +269,7 @@ class NativeDecoder : public torch::CustomClassHolder {
   bool int16_activations_ = false;
   int64_t r16_bytes_ = 0;
   std::array<std::atomic<int64_t>, 10> profile_ns_{};
+  int64_t step_ns_ = 0;  // profiling: ns in step() calls
 
   void keep(std::initializer_list<at::Tensor> tensors) { owned_.insert(owned_.end(), tensors); }
 
@@ -289,7 +301,8 @@ class NativeDecoder : public torch::CustomClassHolder {
 
   void embed_row(int64_t token, float* out) const {
     if (!embed.r16[0].data) return dequant_row(embed.parts[0], token, out);
-    std::vector<uint8_t> row(embed.parts[0].row_bytes);  // R16: the token's row back to the file's blocks
+    thread_local std::vector<uint8_t> row;  // R16: the token's row back to the file's blocks
+    row.resize(embed.parts[0].row_bytes);
     r16::unpack_rows(embed.r16[0], token, token + 1, row.data());
     QWeight one = embed.parts[0];
     one.data = row.data();
@@ -499,9 +512,35 @@ class StepWork : public PhasedWork {
   const int64_t head_tasks;
 };
 
+// The quantized activation blocks of the step's four matrix inputs (h, attn, act, h_logits) in one int8
+// and one fp32 allocation: input i has rows[i] rows of widths[i] values (a multiple of 32), each value
+// `bytes` int8 bytes and each block of 32 `floats` fp32 words (scales, sums). make(q, scales, values,
+// width) -> the input's Rows view of its pieces; an input without rows keeps its default (null: the
+// step does not quantize it).
+template <class Rows, class Make>
+static void carve_blocks(const int64_t (&widths)[4], std::array<int64_t, 4> rows, int bytes, int floats,
+                         std::array<Rows*, 4> targets, at::Tensor& q_bytes, at::Tensor& q_scales, Make make) {
+  constexpr int64_t kBlockValues = 32;  // kQ8 and r16::kBlock
+  static_assert(kQ8 == kBlockValues && r16::kBlock == kBlockValues);
+  int64_t values = 0;
+  for (int i = 0; i < 4; ++i) values += rows[i] * widths[i];
+  q_bytes = at::empty({bytes * values}, at::TensorOptions().dtype(at::kChar));
+  q_scales = at::empty({floats * values / kBlockValues}, at::TensorOptions().dtype(at::kFloat));
+  int8_t* q = q_bytes.data_ptr<int8_t>();
+  float* sc = q_scales.data_ptr<float>();
+  for (int i = 0; i < 4; ++i) {
+    const int64_t v = rows[i] * widths[i];
+    if (!v) continue;
+    *targets[i] = make(q, sc, v, widths[i]);
+    q += bytes * v;
+    sc += floats * v / kBlockValues;
+  }
+}
+
 at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
                                const at::Tensor& logit_rows) {
   check_complete();
+  const auto started = std::chrono::steady_clock::now();
   const int64_t T = tokens.numel(), n = logit_rows.numel();
   auto int64_rows = [](const at::Tensor& t) { return t.dim() == 1 && t.scalar_type() == at::kLong && t.is_contiguous(); };
   TORCH_CHECK(T > 0 && int64_rows(tokens) && int64_rows(positions) && int64_rows(slots) && int64_rows(logit_rows) &&
@@ -533,49 +572,30 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
                       qkv.data_ptr<float>(), attn.data_ptr<float>(), gate_up.data_ptr<float>(),
                       act.data_ptr<float>(), h_logits.data_ptr<float>(), logits.data_ptr<float>(), cos_b, sin_b, {},
                       {}, {}, {}, {}, {}, {}, {}};
-  at::Tensor q8_bytes, q8_scales;
-  if (int8_activations_) {  // one int8 and one fp32 allocation for the four inputs' blocks
-    const int64_t widths[4] = {D, H * d, I, D}, counts[4] = {T, T, T, n};
-    int64_t bytes = 0;
-    for (int i = 0; i < 4; ++i) bytes += counts[i] * widths[i];
-    q8_bytes = at::empty({bytes}, at::TensorOptions().dtype(at::kChar));
-    q8_scales = at::empty({2 * bytes / kQ8}, f32);
-    int8_t* q = q8_bytes.data_ptr<int8_t>();
-    float* sc = q8_scales.data_ptr<float>();
-    Q8Rows* targets[4] = {&buffers.hq, &buffers.attnq, &buffers.actq, &buffers.logitq};
-    for (int i = 0; i < 4; ++i) {
-      const int64_t values = counts[i] * widths[i];
-      *targets[i] = Q8Rows{q, sc, sc + values / kQ8, widths[i]};
-      q += values;
-      sc += 2 * values / kQ8;
-    }
-  }
-  at::Tensor i16_bytes, i16_scales;
-  // Prompt chunks too where the R16 products run in AMX int8 tiles (r16_tiles.h); else their R16 rows are
-  // unpacked for the fp32 path.
-  const bool i16_tiles = r16::tiles_run(r16::kTileMinRows);
-  if (int16_activations_ && (std::min(T, n) <= 8 || i16_tiles)) {  // q1 and q2 bytes, then s, sx and sumq per block
-    // decoding batches' matrices (T <= 8), and the LM head wherever it has <= 8 rows (a prompt chunk's
-    // last token: else its R16 rows would be unpacked for the fp32 path); with the tiles, every step
-    const int64_t t = T <= 8 || i16_tiles ? T : 0, widths[4] = {D, H * d, I, D};
-    const int64_t counts[4] = {t, t, t, n <= 8 || i16_tiles ? n : 0};
-    int64_t values = 0;
-    for (int i = 0; i < 4; ++i) values += counts[i] * widths[i];
-    i16_bytes = at::empty({2 * values}, at::TensorOptions().dtype(at::kChar));
-    i16_scales = at::empty({3 * values / r16::kBlock}, f32);  // s, sx (fp32) and sumq (int32, same size)
-    int8_t* q = i16_bytes.data_ptr<int8_t>();
-    float* sc = i16_scales.data_ptr<float>();
-    r16::I16Rows* targets[4] = {&buffers.hi, &buffers.attni, &buffers.acti, &buffers.logiti};
-    for (int i = 0; i < 4; ++i) {
-      const int64_t v = counts[i] * widths[i], nb = v / r16::kBlock;
-      if (!v) continue;  // stays fp32 (q1 null)
-      *targets[i] = r16::I16Rows{q, q + v, sc, sc + nb, reinterpret_cast<int32_t*>(sc + 2 * nb), widths[i]};
-      q += 2 * v;
-      sc += 3 * nb;
-    }
+  // Int8 activations: the four inputs' Q8 blocks (q bytes, then d and s per block); int16: their int16
+  // blocks (q1 and q2 bytes, then s, sx and sumq per block) in decoding batches (T <= 8), and for the
+  // LM head wherever it has <= 8 rows (a prompt chunk's last token: else its R16 rows would be unpacked
+  // for the fp32 path); with AMX (the R16 products of prompt chunks in int8 tiles, r16_tiles.h), every step.
+  at::Tensor q_bytes, q_scales;
+  const int64_t widths[4] = {D, H * d, I, D};
+  if (int8_activations_) {
+    carve_blocks<Q8Rows>(widths, {T, T, T, n}, 1, 2, {&buffers.hq, &buffers.attnq, &buffers.actq, &buffers.logitq},
+                         q_bytes, q_scales, [](int8_t* q, float* sc, int64_t values, int64_t width) {
+                           return Q8Rows{q, sc, sc + values / kQ8, width};
+                         });
+  } else if (const bool i16_tiles = r16::tiles_run(r16::kTileMinRows); int16_activations_ && (std::min(T, n) <= 8 || i16_tiles)) {
+    const int64_t t = T <= 8 || i16_tiles ? T : 0;
+    carve_blocks<r16::I16Rows>(widths, {t, t, t, n <= 8 || i16_tiles ? n : 0}, 2, 3,
+                               {&buffers.hi, &buffers.attni, &buffers.acti, &buffers.logiti}, q_bytes, q_scales,
+                               [](int8_t* q, float* sc, int64_t values, int64_t width) {
+                                 const int64_t nb = values / r16::kBlock;
+                                 return r16::I16Rows{q, q + values, sc, sc + nb, reinterpret_cast<int32_t*>(sc + 2 * nb), width};
+                               });
   }
   StepWork work(*this, T, pos, slot, rows, n, buffers, threads);
   pool_.run(work, threads);
+  if (profiling_)
+    step_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count();
   return logits;
 }
 
@@ -599,5 +619,6 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("int16_activations", &voxlane::NativeDecoder::int16_activations)
       .def("r16_bytes", &voxlane::NativeDecoder::r16_bytes)
       .def("set_profiling", &voxlane::NativeDecoder::set_profiling)
-      .def("profile_ms", &voxlane::NativeDecoder::profile_ms);
+      .def("profile_ms", &voxlane::NativeDecoder::profile_ms)
+      .def("handoff_profile", &voxlane::NativeDecoder::handoff_profile);
 }

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -94,6 +95,7 @@ class StepPool {
     ensure_helpers(threads - 1);
     active_helpers_.store(threads - 1, std::memory_order_relaxed);
     generation_ = (generation_ + 1) & 0xffff;
+    step_profiled_.store(profiling_ && threads <= kProfiledWorkers, std::memory_order_relaxed);
     // Publishing the ticket word publishes everything above to helpers that take a ticket; seq_cst
     // with the load of sleeping_ below, so a helper going to sleep either sees it or is woken.
     ticket_.store((uint64_t(generation_) << 48) | (uint64_t(total) << kIndexBits), std::memory_order_seq_cst);
@@ -101,11 +103,18 @@ class StepPool {
       std::lock_guard<std::mutex> lock(mutex_);
       wake_.notify_all();
     }
-    participate(0, generation_);
+    const bool profiling = profiling_now();
+    participate(0, generation_, profiling);
+    const auto tail = profiling ? std::chrono::steady_clock::now() : start;
     // The step is done when its last phase with tasks is: each of its tasks waited for the phase
     // before it, and so on back to the first.
     const int64_t needed = bounds_[last + 1] - bounds_[last];
     wait_until([&] { return done_[last].n.load(std::memory_order_acquire) >= needed; }, true);
+    if (profiling) {
+      tail_ns_ += elapsed_ns(tail);
+      run_ns_ += elapsed_ns(start);
+      ++steps_;
+    }
     if (threads > 1 && stalled_ns_ * 4 > elapsed_ns(start)) solo_left_ = kSoloSteps;
   }
 
@@ -115,6 +124,28 @@ class StepPool {
   void set_stall_fallback(bool on) {
     stall_fallback_ = on;
     solo_left_ = 0;
+  }
+
+  // Profiling of the hand-offs (off by default: three clock reads per task). Per worker (0: the
+  // calling thread), since the last reset: ns in tasks, ns waiting for the phase before a task's to
+  // complete, ns in the rest of the loop (taking tickets, counting tasks done), tasks run, waits
+  // (a task whose phase before was not complete when its ticket was taken); and for the calling
+  // thread the ns from its last task to the step's end (waiting for the others' last tasks), and
+  // the steps' ns inside run().
+  struct WorkerStats {
+    int64_t task_ns = 0, wait_ns = 0, other_ns = 0, tasks = 0, waits = 0;
+  };
+  static constexpr int kProfiledWorkers = 8;  // workers beyond these are not profiled
+  void set_profiling(bool on) {
+    profiling_ = on;
+    stats_.fill(WorkerStats{});
+    tail_ns_ = run_ns_ = steps_ = 0;
+  }
+  // [steps, run ns, tail ns, then per worker: task ns, wait ns, other ns, tasks, waits]
+  std::vector<int64_t> profile() const {
+    std::vector<int64_t> out{steps_, run_ns_, tail_ns_};
+    for (const WorkerStats& w : stats_) out.insert(out.end(), {w.task_ns, w.wait_ns, w.other_ns, w.tasks, w.waits});
+    return out;
   }
 
  private:
@@ -144,6 +175,13 @@ class StepPool {
   int solo_left_ = 0;        // steps still to run alone
   int64_t solo_steps_ = 0;   // steps run alone so far
   int64_t stalled_ns_ = 0;   // this step: the calling thread's waits longer than kStallNs
+  bool profiling_ = false;
+  std::atomic<bool> step_profiled_{false};  // this step's (written before the ticket word is published)
+  std::array<WorkerStats, kProfiledWorkers> stats_{};  // per worker, each written by its own thread
+  int64_t tail_ns_ = 0, run_ns_ = 0, steps_ = 0;
+
+  // Whether this step is profiled (read by helpers after they saw the step's generation).
+  bool profiling_now() const { return step_profiled_.load(std::memory_order_relaxed); }
 
   static int64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since).count();
@@ -177,24 +215,46 @@ class StepPool {
   // word still holds that generation: a helper that the OS paused after its last task of a step must
   // not take (and then mishandle, its phase being the old step's) a ticket of the next one. Tickets of
   // a finished generation carry an index past their task count.
-  void participate(int worker, uint64_t generation) {
+  void participate(int worker, uint64_t generation, bool profiling) {
     int64_t phase = 0;
+    using clock = std::chrono::steady_clock;
+    WorkerStats* stats = profiling ? &stats_[worker] : nullptr;
+    auto mark = stats ? clock::now() : clock::time_point{};
+    auto lap = [&](int64_t& into) {  // adds the time since the last mark to `into`
+      const auto now = clock::now();
+      into += std::chrono::duration_cast<std::chrono::nanoseconds>(now - mark).count();
+      mark = now;
+    };
     for (;;) {
       uint64_t ticket = ticket_.load(std::memory_order_acquire);
       int64_t index;
       for (;;) {
         const int64_t total = int64_t((ticket >> kIndexBits) & kIndexMask);
         index = int64_t(ticket & kIndexMask);
-        if ((ticket >> 48) != generation || index >= total) return;
+        if ((ticket >> 48) != generation || index >= total) {
+          if (stats) lap(stats->other_ns);
+          return;
+        }
         if (ticket_.compare_exchange_weak(ticket, ticket + 1, std::memory_order_acq_rel, std::memory_order_acquire)) break;
       }
       while (bounds_[phase + 1] <= index) ++phase;  // tickets rise, so the phase only moves forward
       if (const int64_t before = after_[phase]; before >= 0) {
         const int64_t needed = bounds_[before + 1] - bounds_[before];
         const auto* done = &done_[before].n;
+        if (stats) {
+          lap(stats->other_ns);
+          if (done->load(std::memory_order_acquire) < needed) ++stats->waits;
+        }
         wait_until([&] { return done->load(std::memory_order_acquire) >= needed; }, worker == 0);
+        if (stats) lap(stats->wait_ns);
+      } else if (stats) {
+        lap(stats->other_ns);
       }
       work_->run(phase, index - bounds_[phase], worker);
+      if (stats) {
+        lap(stats->task_ns);
+        ++stats->tasks;
+      }
       done_[phase].n.fetch_add(1, std::memory_order_acq_rel);
     }
   }
@@ -218,7 +278,7 @@ class StepPool {
         gen = ticket_.load(std::memory_order_acquire) >> 48;
       }
       seen = gen;
-      if (worker <= active_helpers_.load(std::memory_order_relaxed)) participate(worker, gen);
+      if (worker <= active_helpers_.load(std::memory_order_relaxed)) participate(worker, gen, profiling_now());
     }
   }
 };
