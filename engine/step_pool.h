@@ -59,17 +59,17 @@ struct PhasedWork {
 
 class StepPool {
  public:
-  // 64-bit ticket word: generation (16 bits) | phase (16) | front (16) | back (16): the units not yet
+  // 64-bit ticket word: generation (16 bits) | phase (12) | front (18) | back (18): the units not yet
   // taken of the current phase are [front, back). Even workers take tasks from the front, odd ones from
   // the back (so with two threads each walks its own end of a matrix, and they meet where the work
   // splits evenly). A task is the units left / (2 x threads), at least 1 and at most max_chunk(p): large
   // while much is left, single units where the two ends meet, so a thread waits at a phase's end for
   // at most about one unit of the other's work. Taking a phase's last units moves the word to the next
   // phase with units (or to phase = kDone: the step's tasks are all taken).
-  static constexpr int kFieldBits = 16;
-  static constexpr uint64_t kFieldMask = (1ull << kFieldBits) - 1;
-  static constexpr int64_t kMaxUnits = int64_t(kFieldMask);
-  static constexpr int64_t kDone = int64_t(kFieldMask);  // the phase field once every task is taken
+  static constexpr int kUnitBits = 18, kPhaseBits = 12;
+  static constexpr uint64_t kUnitMask = (1ull << kUnitBits) - 1, kPhaseMask = (1ull << kPhaseBits) - 1;
+  static constexpr int64_t kMaxUnits = int64_t(kUnitMask);  // per phase
+  static constexpr int64_t kDone = int64_t(kPhaseMask);     // the phase field once every task is taken
 
   ~StepPool() {
     {
@@ -236,7 +236,7 @@ class StepPool {
   }
 
   static uint64_t word(uint64_t generation, int64_t phase, int64_t front, int64_t back) {
-    return (generation << 48) | (uint64_t(phase) << 32) | (uint64_t(front) << 16) | uint64_t(back);
+    return (generation << 48) | (uint64_t(phase) << (2 * kUnitBits)) | (uint64_t(front) << kUnitBits) | uint64_t(back);
   }
 
   void ensure_helpers(int count) {
@@ -267,12 +267,12 @@ class StepPool {
       uint64_t ticket = ticket_.load(std::memory_order_acquire);
       int64_t phase, u0, u1;
       for (;;) {
-        phase = int64_t((ticket >> 32) & kFieldMask);
+        phase = int64_t((ticket >> (2 * kUnitBits)) & kPhaseMask);
         if ((ticket >> 48) != generation || phase == kDone) {
           if (stats) lap(stats->other_ns);
           return;
         }
-        const int64_t front = int64_t((ticket >> 16) & kFieldMask), back = int64_t(ticket & kFieldMask);
+        const int64_t front = int64_t((ticket >> kUnitBits) & kUnitMask), back = int64_t(ticket & kUnitMask);
         const int64_t chunk = std::clamp<int64_t>((back - front) / (2 * threads_), 1, chunk_[phase]);
         u0 = back_end ? back - chunk : front;
         u1 = back_end ? back : front + chunk;
