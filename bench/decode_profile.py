@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         if decoder is not None and not args.no_phase_profile:
             result["cpu_ms_per_step_by_phase"] = {name: ms / args.steps for name, ms in
                                                   zip(PHASES, decoder.profile_ms())}
+            result["handoffs"] = handoffs(decoder.handoff_profile(), args.steps, args.threads)
             decoder.set_profiling(False)
         table = ""
     engine.close()
@@ -112,7 +113,34 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ATen calls per step: {result['aten_calls_per_step']:.0f}\n{table}")
     for name, ms in result.get("cpu_ms_per_step_by_phase", {}).items():
         print(f"  {name:16s} {ms:7.3f} ms CPU per step")
+    if "handoffs" in result:
+        h = result["handoffs"]
+        print(f"  per step: {result['ms_per_step'] - h['step_ms']:.3f} ms outside the native call (Python), "
+              f"{h['step_ms']:.3f} ms in the native call, {h['pool_ms']:.3f} in the pool, "
+              f"{h['tail_ms']:.3f} waiting for the last tasks after the calling thread's last "
+              f"({h['pool_steps']} of {args.steps} steps in the pool's figures)")
+        for w, row in enumerate(h["workers"]):
+            print(f"  worker {w}: tasks {row['task_ms']:.3f} ms, waiting for the phase before {row['wait_ms']:.3f} ms "
+                  f"({row['waits']:.1f} waits), tickets and counters {row['other_ms']:.3f} ms; "
+                  f"{row['tasks']:.1f} tasks per step"
+                  + (f"; joined {row['join_ms']:.3f} ms after the step's start, asleep before {row['sleeps']:.2f} of the steps"
+                     if w else ""))
     return 0
+
+
+def handoffs(profile: list[int], steps: int, threads: int) -> dict:
+    """``NativeDecoder.handoff_profile()`` per step: ms in the native call and in the step pool, and per
+    worker (0 = the calling thread) ms in tasks, waiting for the phase before, and taking tickets."""
+    step_ns, pool_steps, run_ns, tail_ns, rest = profile[0], profile[1], profile[2], profile[3], profile[4:]
+    per = max(pool_steps, 1)
+    workers = []
+    for w in range(min(threads, len(rest) // 7)):
+        task_ns, wait_ns, other_ns, tasks, waits, join_ns, sleeps = rest[7 * w:7 * w + 7]
+        workers.append({"task_ms": task_ns / per / 1e6, "wait_ms": wait_ns / per / 1e6, "other_ms": other_ns / per / 1e6,
+                        "tasks": tasks / per, "waits": waits / per, "join_ms": join_ns / per / 1e6,
+                        "sleeps": sleeps / per})
+    return {"step_ms": step_ns / steps / 1e6, "pool_ms": run_ns / per / 1e6, "tail_ms": tail_ns / per / 1e6,
+            "pool_steps": pool_steps, "workers": workers}
 
 
 def ab_int8_activations(args, engine, steps) -> int:

@@ -47,6 +47,7 @@ QWeight qweight_of(const at::Tensor& w, int64_t format, int64_t cols, const c10:
 struct Linear {
   std::vector<QWeight> parts;
   std::vector<r16::Weight> r16;  // per part: its R16 view when its bytes are in that layout (data null: not)
+  std::vector<int64_t> bases;    // per part: its first row
   int64_t rows = 0, cols = 0;
   const float* bias = nullptr;
 
@@ -59,18 +60,22 @@ struct Linear {
   // r16_tiles.h; else r16_matmul.h's VNNI). Every other product with an R16 segment (prompt chunks
   // without AMX, fp32 or int8 activations, rows outside whole groups) unpacks its rows to the file's
   // blocks first.
+  // descending (a step pool task from a phase's back end): the segments, and an R16 segment's row groups
+  // in decoding batches, from the last down.
   void run(const float* x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
            const Q8Rows* xq = nullptr, XPack* pack = nullptr, bool bf16x = false,
-           const r16::I16Rows* xi = nullptr) const {
-    int64_t base = 0;
-    for (size_t i = 0; i < parts.size(); ++i) {
+           const r16::I16Rows* xi = nullptr, bool descending = false) const {
+    for (size_t k = 0; k < parts.size(); ++k) {
+      const size_t i = descending ? parts.size() - 1 - k : k;
       const QWeight& w = parts[i];
+      const int64_t base = bases[i];
       const int64_t a = std::max(n0, base) - base, b = std::min(n1, base + w.rows) - base;
       float* yw = y + base;
       if (a < b && r16[i].data) {
         const int64_t g0 = xi ? (a + r16::kRows - 1) / r16::kRows * r16::kRows : b, g1 = xi ? b / r16::kRows * r16::kRows : b;
         if (g0 < g1) {
-          if (M <= 8) r16::batch_product(r16[i], *xi, M, yw, ldy, g0, g1);  // decoding batches (r16_batch.h)
+          if (M <= 8) r16::batch_product(r16[i], *xi, M, yw, ldy, g0, g1, false, descending);  // decoding batches (r16_batch.h)
+          else if (descending && !r16::tiles_run(M)) r16::matvec(r16[i], *xi, M, yw, ldy, g0, g1, true);
           else r16::product(r16[i], *xi, M, yw, ldy, g0, g1);  // AMX int8 tiles for prompt chunks (r16_tiles.h)
           if (a < g0) unpacked(i, x, M, yw, ldy, a, g0, xq, pack, bf16x);
           if (g1 < b) unpacked(i, x, M, yw, ldy, g1, b, xq, pack, bf16x);
@@ -80,11 +85,23 @@ struct Linear {
       } else if (a < b) {
         file_rows(w, x, M, yw, ldy, a, b, xq, pack, bf16x);
       }
-      base += w.rows;
     }
     if (bias)
       for (int64_t m = 0; m < M; ++m)
         for (int64_t n = n0; n < n1; ++n) y[m * ldy + n] += bias[n];
+  }
+
+  // The first 4 KB that run(rows [n0, n1), descending) reads of its first segment, asked for ahead.
+  void prefetch(int64_t n0, int64_t n1, bool descending) const {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const int64_t a = std::max(n0, bases[i]) - bases[i], b = std::min(n1, bases[i] + parts[i].rows) - bases[i];
+      if (a >= b || (descending && n1 > bases[i] + parts[i].rows)) continue;  // not the segment run() starts with
+      if (r16[i].data && a % r16::kRows == 0 && b % r16::kRows == 0) return r16::prefetch_rows(r16[i], a, b, descending);
+      const char* at = reinterpret_cast<const char*>(parts[i].data) + a * parts[i].row_bytes;
+      const int64_t bytes = std::min<int64_t>((b - a) * parts[i].row_bytes, 4096);
+      for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(at + o, 0, 3);
+      return;
+    }
   }
 
   // Rows [a, b) of a segment in the file's layout.
@@ -167,6 +184,7 @@ class NativeDecoder : public torch::CustomClassHolder {
     TORCH_CHECK(linear.parts.empty() || linear.cols == cols, role, ": segments of different widths");
     keep({blocks});
     if (row_scale.has_value()) keep({*row_scale});
+    linear.bases.push_back(linear.rows);
     linear.parts.push_back(w);
     TORCH_CHECK(!r16 || (r16::has_layout(format) && w.rows % r16::kRows == 0), role,
                 ": the R16 layout needs Q4_0 / Q4_1 / Q8_0 rows in groups of ", r16::kRows);
@@ -237,6 +255,17 @@ class NativeDecoder : public torch::CustomClassHolder {
   void set_profiling(bool on) {
     profiling_ = on;
     for (auto& t : profile_ns_) t.store(0);
+    pool_.set_profiling(on);
+    step_ns_ = 0;
+  }
+  // Profiling of the hand-offs (StepPool::profile): [ns in step() calls, then the pool's figures:
+  // steps, ns in its run(), the calling thread's ns after its last task, per worker task / wait /
+  // other ns, tasks, waits].
+  std::vector<int64_t> handoff_profile() const {
+    std::vector<int64_t> out{step_ns_};
+    const std::vector<int64_t> pool = pool_.profile();
+    out.insert(out.end(), pool.begin(), pool.end());
+    return out;
   }
   std::vector<double> profile_ms() const {
     std::vector<double> out;
@@ -260,6 +289,7 @@ class NativeDecoder : public torch::CustomClassHolder {
   bool int16_activations_ = false;
   int64_t r16_bytes_ = 0;
   std::array<std::atomic<int64_t>, 10> profile_ns_{};
+  int64_t step_ns_ = 0;  // profiling: ns in step() calls
 
   void keep(std::initializer_list<at::Tensor> tensors) { owned_.insert(owned_.end(), tensors); }
 
@@ -291,7 +321,8 @@ class NativeDecoder : public torch::CustomClassHolder {
 
   void embed_row(int64_t token, float* out) const {
     if (!embed.r16[0].data) return dequant_row(embed.parts[0], token, out);
-    std::vector<uint8_t> row(embed.parts[0].row_bytes);  // R16: the token's row back to the file's blocks
+    thread_local std::vector<uint8_t> row;  // R16: the token's row back to the file's blocks
+    row.resize(embed.parts[0].row_bytes);
     r16::unpack_rows(embed.r16[0], token, token + 1, row.data());
     QWeight one = embed.parts[0];
     one.data = row.data();
@@ -318,104 +349,169 @@ class NativeDecoder : public torch::CustomClassHolder {
 // 0..position (after (2): a chunk's rows see each other causally), (4) o_proj,
 // (5) add + post norm, (6) gate and up rows of the same intermediate indices, then silu(gate) * up,
 // (7) down; then the final norm and the LM head, for the rows whose logits are wanted only.
-// Matrix phases hand out weight rows in tasks (16 rows, gate/up 32, the head 128; see task_rows), times
-// every row of x (8 at a time, quant_matmul.h).
+// Matrix phases hand out weight rows in units (16 rows, qkv in decoding batches head_dim, gate/up 32,
+// the head 128 or, in decoding batches on several threads, 16), up to task_rows' rows per task (the
+// step pool's chunks), times every row of x (8 at a time, quant_matmul.h). In decoding batches the norms
+// (5) and (0) are the tails of (4) and the layer before's (7) (has_tail), and the final norm the last
+// layer's (7)'s.
 class StepWork : public PhasedWork {
  public:
   StepWork(NativeDecoder& m, int64_t T, const int64_t* positions, const int64_t* slots, const int64_t* logit_rows,
            int64_t n_logits, StepBuffers buffers, int threads)
       : m(m), T(T), positions(positions), slots(slots), logit_rows(logit_rows), n_logits(n_logits), buf(buffers),
         bf16x(m.bf16_activations_), Nqkv((m.H + 2 * m.Hkv) * m.d), scratch(threads), packs(threads), kv_in_qkv(T <= 8),
-        qkv_rows(task_rows(Nqkv, kv_in_qkv ? std::lcm(kRows, m.d) : kRows, threads)), d_rows(task_rows(m.D, kRows, threads)),
-        act_rows(task_rows(m.I, kActRows, threads)), head_rows(task_rows(m.head.rows, kHeadRows, threads)),
+        norms_in_tails(T <= 8), qkv_unit(kv_in_qkv ? std::lcm(kRows, m.d) : kRows),
+        head_unit(threads > 1 && T <= 8 ? kRows : kHeadRows),
+        qkv_chunk(task_rows(Nqkv, qkv_unit, threads) / qkv_unit), d_chunk(task_rows(m.D, kRows, threads) / kRows),
+        act_chunk(task_rows(m.I, kActRows, threads) / kActRows),
+        head_chunk(task_rows(m.head.rows, kHeadRows, threads) / head_unit),
         head_tasks(threads > 1 && T * m.Hkv < 4 * threads ? m.H / m.Hkv : 1) {}
 
   int64_t phases() const override { return m.layers * kPerLayer + 2; }
 
   int64_t size(int64_t p) const override {
-    if (p >= m.layers * kPerLayer) return p == m.layers * kPerLayer ? 1 : (n_logits ? chunks(m.head.rows, head_rows) : 0);
+    if (p >= m.layers * kPerLayer)
+      return p == m.layers * kPerLayer ? (norms_in_tails ? 0 : 1) : (n_logits ? chunks(m.head.rows, head_unit) : 0);
     switch (p % kPerLayer) {
-      case 0: case 5: return chunks(T, kRows);
-      case 1: return chunks(Nqkv, qkv_rows);
+      case 0: return norms_in_tails && p > 0 ? 0 : chunks(T, kRows);  // layer 0's input norm stays a phase
+      case 5: return norms_in_tails ? 0 : chunks(T, kRows);
+      case 1: return chunks(Nqkv, qkv_unit);
       case 2: return kv_in_qkv ? 0 : T * m.Hkv;
-      case 3: return kv_in_qkv ? T * m.Hkv * head_tasks : chunks(T, kRows) * m.Hkv;
-      case 6: return chunks(m.I, act_rows);
-      default: return chunks(m.D, d_rows);  // o_proj, down
+      case 3: return kv_in_qkv ? T * m.Hkv * head_tasks : chunks(T, kRows) * m.Hkv;  // prompt chunks: 16 rows a unit
+      case 6: return chunks(m.I, kActRows);
+      default: return chunks(m.D, kRows);  // o_proj, down
     }
   }
 
-  // Task (p, task) with its CPU time added to the decoder's profile when profiling is on.
-  void run(int64_t p, int64_t task, int worker) override {
-    if (!m.profiling_) return run_task(p, task, worker);
-    const auto start = std::chrono::steady_clock::now();
-    run_task(p, task, worker);
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
+  int64_t max_chunk(int64_t p) const override {
+    if (p >= m.layers * kPerLayer) return p == m.layers * kPerLayer ? 1 : head_chunk;
+    switch (p % kPerLayer) {
+      case 1: return qkv_chunk;
+      case 4: case 7: return d_chunk;
+      case 6: return act_chunk;
+      default: return 1;
+    }
+  }
+
+  // In decoding batches the norms run as the tails of the matrix phases before them: o_proj's the post
+  // norm, down's the next layer's input norm (the last layer's: the final norm), so a layer has 5 phases
+  // (qkv, attention, o_proj, gate/up, down) and 5 hand-offs instead of 7.
+  bool has_tail(int64_t p) const override {
+    return norms_in_tails && p < m.layers * kPerLayer && (p % kPerLayer == 4 || p % kPerLayer == 7);
+  }
+
+  void tail(int64_t p, int) override {
+    const int64_t l = p / kPerLayer;
+    if (p % kPerLayer == 4) return timed(5, [&] { post_norm(l, 0, T); });
+    if (l + 1 < m.layers) return timed(0, [&] { input_norm(l + 1, 0, T); });
+    timed(8, [&] { final_norm(); });
+  }
+
+  // Rows [n0, n1) of phase p's matrix (its first 4 KB in the task's order) while the phase before ends.
+  void prefetch(int64_t p, int64_t u0, int64_t u1, bool descending) override {
+    if (p > m.layers * kPerLayer) return m.head.prefetch(u0 * head_unit, std::min(m.head.rows, u1 * head_unit), descending);
+    if (p == m.layers * kPerLayer) return;
+    const Layer& layer = m.layer_[p / kPerLayer];
+    switch (p % kPerLayer) {
+      case 1: return layer.qkv.prefetch(u0 * qkv_unit, std::min(Nqkv, u1 * qkv_unit), descending);
+      case 4: return layer.o.prefetch(u0 * kRows, std::min(m.D, u1 * kRows), descending);
+      case 6: return layer.gate_up.prefetch(u0 * kActRows, std::min(m.I, u1 * kActRows), descending);
+      case 7: return layer.down.prefetch(u0 * kRows, std::min(m.D, u1 * kRows), descending);
+      default: return;
+    }
+  }
+
+  // Units [u0, u1) of phase p, their CPU time added to the decoder's profile when profiling is on.
+  void run(int64_t p, int64_t u0, int64_t u1, int worker, bool descending) override {
     const int64_t kind = p >= m.layers * kPerLayer ? kPerLayer + (p - m.layers * kPerLayer) : p % kPerLayer;
+    timed(kind, [&] { run_task(p, u0, u1, worker, descending); });
+  }
+
+  template <class F> void timed(int64_t kind, F&& f) {
+    if (!m.profiling_) return f();
+    const auto start = std::chrono::steady_clock::now();
+    f();
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
     m.profile_ns_[kind].fetch_add(ns.count(), std::memory_order_relaxed);
   }
 
-  void run_task(int64_t p, int64_t task, int worker) {
+  // Rows [r0, r1) of h = input_norm(residual (+ delta: the layer before's down)), and their blocks.
+  void input_norm(int64_t l, int64_t r0, int64_t r1) const {
+    const int64_t D = m.D;
+    m.add_and_norm(buf.residual + r0 * D, l == 0 ? nullptr : buf.delta + r0 * D, m.layer_[l].input_norm,
+                   buf.h + r0 * D, r1 - r0);
+    quantize_h(r0, r1);
+  }
+  void post_norm(int64_t l, int64_t r0, int64_t r1) const {
+    const int64_t D = m.D;
+    m.add_and_norm(buf.residual + r0 * D, buf.delta + r0 * D, m.layer_[l].post_norm, buf.h + r0 * D, r1 - r0);
+    quantize_h(r0, r1);
+  }
+  void quantize_h(int64_t r0, int64_t r1) const {
+    const int64_t D = m.D;
+    if (buf.hq.q) quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hq.at_row(r0));
+    if (buf.hi.q1) r16::quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hi.at_row(r0));
+  }
+  // The final norm of the rows whose logits are wanted, gathered.
+  void final_norm() const {
+    const int64_t D = m.D;
+    for (int64_t i = 0; i < n_logits; ++i) {
+      const int64_t r = logit_rows[i];
+      m.add_and_norm(buf.residual + r * D, buf.delta + r * D, m.final_norm, buf.h_logits + i * D, 1);
+    }
+    if (buf.logitq.q) quantize_rows(buf.h_logits, n_logits, D, buf.logitq);
+    if (buf.logiti.q1) r16::quantize_rows(buf.h_logits, n_logits, D, buf.logiti);
+  }
+
+  void run_task(int64_t p, int64_t u0, int64_t u1, int worker, bool descending) {
     const int64_t D = m.D, I = m.I;
     if (p >= m.layers * kPerLayer) {
-      if (p == m.layers * kPerLayer) {  // the final norm of the rows whose logits are wanted, gathered
-        for (int64_t i = 0; i < n_logits; ++i) {
-          const int64_t r = logit_rows[i];
-          m.add_and_norm(buf.residual + r * D, buf.delta + r * D, m.final_norm, buf.h_logits + i * D, 1);
-        }
-        if (buf.logitq.q) quantize_rows(buf.h_logits, n_logits, D, buf.logitq);
-        if (buf.logiti.q1) r16::quantize_rows(buf.h_logits, n_logits, D, buf.logiti);
-        return;
-      }
-      const int64_t V = m.head.rows, v0 = task * head_rows;
-      return m.head.run(buf.h_logits, n_logits, buf.logits, V, v0, std::min(V, v0 + head_rows), q8(buf.logitq),
-                        pack(worker, p), bf16x, i16(buf.logiti));
+      if (p == m.layers * kPerLayer) return final_norm();
+      const int64_t V = m.head.rows;
+      return m.head.run(buf.h_logits, n_logits, buf.logits, V, u0 * head_unit, std::min(V, u1 * head_unit), q8(buf.logitq),
+                        pack(worker, p), bf16x, i16(buf.logiti), descending);
     }
     const int64_t l = p / kPerLayer;
     const Layer& layer = m.layer_[l];
     const int64_t stride = m.S * m.Hkv * m.L * m.d;
     const AttentionArgs args{buf.qkv, buf.cos, buf.sin, m.k_ + l * stride, m.v_ + l * stride, slots, positions,
                              buf.attn, m.H, m.Hkv, m.d, m.L, m.window};
-    const int64_t r0 = task * kRows, r1 = std::min(T, r0 + kRows);  // the norms' rows
+    const int64_t r0 = u0 * kRows, r1 = std::min(T, u1 * kRows);  // the norms' rows
     switch (p % kPerLayer) {
-      case 0:
-        m.add_and_norm(buf.residual + r0 * D, l == 0 ? nullptr : buf.delta + r0 * D, layer.input_norm, buf.h + r0 * D,
-                       r1 - r0);
-        if (buf.hq.q) quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hq.at_row(r0));
-        if (buf.hi.q1) r16::quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hi.at_row(r0));
-        return;
+      case 0: return input_norm(l, r0, r1);
       case 1: {
-        const int64_t n0 = task * qkv_rows, n1 = std::min(Nqkv, n0 + qkv_rows);
-        layer.qkv.run(buf.h, T, buf.qkv, Nqkv, n0, n1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi));
+        const int64_t n0 = u0 * qkv_unit, n1 = std::min(Nqkv, u1 * qkv_unit);
+        layer.qkv.run(buf.h, T, buf.qkv, Nqkv, n0, n1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi), descending);
         if (kv_in_qkv) write_own_kv(args, n0, n1);
         return;
       }
-      case 2: return write_kv(args, task);
-      case 3: {
-        if (!kv_in_qkv) {  // a prompt chunk's rows 16 at a time (attend_rows), the last rows' (most keys) first
-          const int64_t g = task % m.Hkv, b0 = (chunks(T, kRows) - 1 - task / m.Hkv) * kRows, n = std::min(kRows, T - b0);
-          attend_rows(args, b0, n, g, scratch[worker]);
-          if (buf.attnq.q || buf.attni.q1)
-            for (int64_t b = b0; b < b0 + n; ++b) quantize_heads(b * m.Hkv + g, 0, m.H / m.Hkv);
-          return;
+      case 2:
+        for (int64_t t = u0; t < u1; ++t) write_kv(args, t);
+        return;
+      case 3:
+        for (int64_t task = u0; task < u1; ++task) {
+          if (!kv_in_qkv) {  // a prompt chunk's rows 16 at a time (attend_rows), the last rows' (most keys) first
+            const int64_t g = task % m.Hkv, b0 = (chunks(T, kRows) - 1 - task / m.Hkv) * kRows, n = std::min(kRows, T - b0);
+            attend_rows(args, b0, n, g, scratch[worker]);
+            if (buf.attnq.q || buf.attni.q1)
+              for (int64_t b = b0; b < b0 + n; ++b) quantize_heads(b * m.Hkv + g, 0, m.H / m.Hkv);
+            continue;
+          }
+          const int64_t t = task / head_tasks, h0 = (task % head_tasks) * (m.H / m.Hkv / head_tasks);
+          const int64_t h1 = h0 + m.H / m.Hkv / head_tasks;
+          attend(args, t, scratch[worker], h0, h1);
+          if (buf.attnq.q || buf.attni.q1) quantize_heads(t, h0, h1);
         }
-        const int64_t t = task / head_tasks, r0 = (task % head_tasks) * (m.H / m.Hkv / head_tasks);
-        const int64_t r1 = r0 + m.H / m.Hkv / head_tasks;
-        attend(args, t, scratch[worker], r0, r1);
-        if (buf.attnq.q || buf.attni.q1) quantize_heads(t, r0, r1);
         return;
-      }
-      case 4: return layer.o.run(buf.attn, T, buf.delta, D, task * d_rows, std::min(D, (task + 1) * d_rows), q8(buf.attnq),
-                                 pack(worker, p), bf16x, i16(buf.attni));
-      case 5:
-        m.add_and_norm(buf.residual + r0 * D, buf.delta + r0 * D, layer.post_norm, buf.h + r0 * D, r1 - r0);
-        if (buf.hq.q) quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hq.at_row(r0));
-        if (buf.hi.q1) r16::quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hi.at_row(r0));
-        return;
+      case 4: return layer.o.run(buf.attn, T, buf.delta, D, u0 * kRows, std::min(D, u1 * kRows), q8(buf.attnq),
+                                 pack(worker, p), bf16x, i16(buf.attni), descending);
+      case 5: return post_norm(l, r0, r1);
       case 6: {  // gate rows i and up rows I + i by the same task: silu(gate) * up needs no other phase
-        const int64_t a0 = task * act_rows, a1 = std::min(I, a0 + act_rows);
+        const int64_t a0 = u0 * kActRows, a1 = std::min(I, u1 * kActRows);
         const int64_t ld = gate_up_stride(I);
-        layer.gate_up.run(buf.h, T, buf.gate_up, ld, a0, a1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi));
-        layer.gate_up.run(buf.h, T, buf.gate_up, ld, I + a0, I + a1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi));
+        layer.gate_up.run(buf.h, T, buf.gate_up, ld, a0, a1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi), descending);
+        layer.gate_up.run(buf.h, T, buf.gate_up, ld, I + a0, I + a1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi),
+                          descending);
         for (int64_t b = 0; b < T; ++b) {
           const float *g = buf.gate_up + b * ld, *u = g + I;
           float* o = buf.act + b * I;
@@ -428,8 +524,8 @@ class StepWork : public PhasedWork {
         }
         return;
       }
-      default: return layer.down.run(buf.act, T, buf.delta, D, task * d_rows, std::min(D, (task + 1) * d_rows),
-                                     q8(buf.actq), pack(worker, p), bf16x, i16(buf.acti));
+      default: return layer.down.run(buf.act, T, buf.delta, D, u0 * kRows, std::min(D, u1 * kRows), q8(buf.actq),
+                                     pack(worker, p), bf16x, i16(buf.acti), descending);
     }
   }
 
@@ -441,8 +537,9 @@ class StepWork : public PhasedWork {
   static constexpr int64_t kTasksPerThread = 8;
   static int64_t chunks(int64_t rows, int64_t size) { return (rows + size - 1) / size; }
 
-  // Rows per task of a matrix of `rows` rows: `unit` (a multiple of it), or with several threads at
-  // batch <= 8, about kTasksPerThread tasks per thread. Why: a 16-row task of Qwen2.5-0.5B's q/k/v or
+  // The most rows per task of a matrix of `rows` rows: `unit` (a multiple of it), or with several threads
+  // at batch <= 8, about kTasksPerThread tasks per thread (the step pool makes the tasks smaller, down to
+  // one unit, where the threads meet at a phase's end). Why: a 16-row task of Qwen2.5-0.5B's q/k/v or
   // o_proj streams ~10 KB of weights, while each task updates counters that the other core wrote
   // last (the ticket and the phase's done count: a cache-line transfer each).
   // One thread keeps the small tasks (its counters stay in its own cache); a prefill chunk's tasks
@@ -502,15 +599,46 @@ class StepWork : public PhasedWork {
   // Decode-sized steps (<= 8 rows): each qkv task writes the k/v rows it computed into the cache
   // (write_own_kv; its phase is then empty), its tasks a multiple of head_dim rows.
   const bool kv_in_qkv;
-  const int64_t qkv_rows, d_rows, act_rows, head_rows;  // rows per task of each matrix phase (task_rows)
+  const bool norms_in_tails;  // decoding batches: the norms are tails of the matrix phases before them
+  // Rows per unit of the qkv phase (a multiple of head_dim with kv_in_qkv) and of the LM head's (16 in
+  // decoding batches on several threads, else kHeadRows); o_proj, down: kRows, gate/up: kActRows.
+  const int64_t qkv_unit, head_unit;
+  // The most units per task of each matrix phase: task_rows' rows (1 on one thread and in prompt chunks).
+  const int64_t qkv_chunk, d_chunk, act_chunk, head_chunk;
   // Attention tasks per (row, kv head): its R query heads split in this many (R, or 1 when there are
   // enough (row, kv head) pairs for the threads): a batch-1 step of SmolLM2 has 3 kv heads for 2 threads.
   const int64_t head_tasks;
 };
 
+// The quantized activation blocks of the step's four matrix inputs (h, attn, act, h_logits) in one int8
+// and one fp32 allocation: input i has rows[i] rows of widths[i] values (a multiple of 32), each value
+// `bytes` int8 bytes and each block of 32 `floats` fp32 words (scales, sums). make(q, scales, values,
+// width) -> the input's Rows view of its pieces; an input without rows keeps its default (null: the
+// step does not quantize it).
+template <class Rows, class Make>
+static void carve_blocks(const int64_t (&widths)[4], std::array<int64_t, 4> rows, int bytes, int floats,
+                         std::array<Rows*, 4> targets, at::Tensor& q_bytes, at::Tensor& q_scales, Make make) {
+  constexpr int64_t kBlockValues = 32;  // kQ8 and r16::kBlock
+  static_assert(kQ8 == kBlockValues && r16::kBlock == kBlockValues);
+  int64_t values = 0;
+  for (int i = 0; i < 4; ++i) values += rows[i] * widths[i];
+  q_bytes = at::empty({bytes * values}, at::TensorOptions().dtype(at::kChar));
+  q_scales = at::empty({floats * values / kBlockValues}, at::TensorOptions().dtype(at::kFloat));
+  int8_t* q = q_bytes.data_ptr<int8_t>();
+  float* sc = q_scales.data_ptr<float>();
+  for (int i = 0; i < 4; ++i) {
+    const int64_t v = rows[i] * widths[i];
+    if (!v) continue;
+    *targets[i] = make(q, sc, v, widths[i]);
+    q += bytes * v;
+    sc += floats * v / kBlockValues;
+  }
+}
+
 at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
                                const at::Tensor& logit_rows) {
   check_complete();
+  const auto started = std::chrono::steady_clock::now();
   const int64_t T = tokens.numel(), n = logit_rows.numel();
   auto int64_rows = [](const at::Tensor& t) { return t.dim() == 1 && t.scalar_type() == at::kLong && t.is_contiguous(); };
   TORCH_CHECK(T > 0 && int64_rows(tokens) && int64_rows(positions) && int64_rows(slots) && int64_rows(logit_rows) &&
@@ -542,49 +670,30 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
                       qkv.data_ptr<float>(), attn.data_ptr<float>(), gate_up.data_ptr<float>(),
                       act.data_ptr<float>(), h_logits.data_ptr<float>(), logits.data_ptr<float>(), cos_b, sin_b, {},
                       {}, {}, {}, {}, {}, {}, {}};
-  at::Tensor q8_bytes, q8_scales;
-  if (int8_activations_) {  // one int8 and one fp32 allocation for the four inputs' blocks
-    const int64_t widths[4] = {D, H * d, I, D}, counts[4] = {T, T, T, n};
-    int64_t bytes = 0;
-    for (int i = 0; i < 4; ++i) bytes += counts[i] * widths[i];
-    q8_bytes = at::empty({bytes}, at::TensorOptions().dtype(at::kChar));
-    q8_scales = at::empty({2 * bytes / kQ8}, f32);
-    int8_t* q = q8_bytes.data_ptr<int8_t>();
-    float* sc = q8_scales.data_ptr<float>();
-    Q8Rows* targets[4] = {&buffers.hq, &buffers.attnq, &buffers.actq, &buffers.logitq};
-    for (int i = 0; i < 4; ++i) {
-      const int64_t values = counts[i] * widths[i];
-      *targets[i] = Q8Rows{q, sc, sc + values / kQ8, widths[i]};
-      q += values;
-      sc += 2 * values / kQ8;
-    }
-  }
-  at::Tensor i16_bytes, i16_scales;
-  // Prompt chunks too where the R16 products run in AMX int8 tiles (r16_tiles.h); else their R16 rows are
-  // unpacked for the fp32 path.
-  const bool i16_tiles = r16::tiles_run(r16::kTileMinRows);
-  if (int16_activations_ && (std::min(T, n) <= 8 || i16_tiles)) {  // q1 and q2 bytes, then s, sx and sumq per block
-    // decoding batches' matrices (T <= 8), and the LM head wherever it has <= 8 rows (a prompt chunk's
-    // last token: else its R16 rows would be unpacked for the fp32 path); with the tiles, every step
-    const int64_t t = T <= 8 || i16_tiles ? T : 0, widths[4] = {D, H * d, I, D};
-    const int64_t counts[4] = {t, t, t, n <= 8 || i16_tiles ? n : 0};
-    int64_t values = 0;
-    for (int i = 0; i < 4; ++i) values += counts[i] * widths[i];
-    i16_bytes = at::empty({2 * values}, at::TensorOptions().dtype(at::kChar));
-    i16_scales = at::empty({3 * values / r16::kBlock}, f32);  // s, sx (fp32) and sumq (int32, same size)
-    int8_t* q = i16_bytes.data_ptr<int8_t>();
-    float* sc = i16_scales.data_ptr<float>();
-    r16::I16Rows* targets[4] = {&buffers.hi, &buffers.attni, &buffers.acti, &buffers.logiti};
-    for (int i = 0; i < 4; ++i) {
-      const int64_t v = counts[i] * widths[i], nb = v / r16::kBlock;
-      if (!v) continue;  // stays fp32 (q1 null)
-      *targets[i] = r16::I16Rows{q, q + v, sc, sc + nb, reinterpret_cast<int32_t*>(sc + 2 * nb), widths[i]};
-      q += 2 * v;
-      sc += 3 * nb;
-    }
+  // Int8 activations: the four inputs' Q8 blocks (q bytes, then d and s per block); int16: their int16
+  // blocks (q1 and q2 bytes, then s, sx and sumq per block) in decoding batches (T <= 8), and for the
+  // LM head wherever it has <= 8 rows (a prompt chunk's last token: else its R16 rows would be unpacked
+  // for the fp32 path); with AMX (the R16 products of prompt chunks in int8 tiles, r16_tiles.h), every step.
+  at::Tensor q_bytes, q_scales;
+  const int64_t widths[4] = {D, H * d, I, D};
+  if (int8_activations_) {
+    carve_blocks<Q8Rows>(widths, {T, T, T, n}, 1, 2, {&buffers.hq, &buffers.attnq, &buffers.actq, &buffers.logitq},
+                         q_bytes, q_scales, [](int8_t* q, float* sc, int64_t values, int64_t width) {
+                           return Q8Rows{q, sc, sc + values / kQ8, width};
+                         });
+  } else if (const bool i16_tiles = r16::tiles_run(r16::kTileMinRows); int16_activations_ && (std::min(T, n) <= 8 || i16_tiles)) {
+    const int64_t t = T <= 8 || i16_tiles ? T : 0;
+    carve_blocks<r16::I16Rows>(widths, {t, t, t, n <= 8 || i16_tiles ? n : 0}, 2, 3,
+                               {&buffers.hi, &buffers.attni, &buffers.acti, &buffers.logiti}, q_bytes, q_scales,
+                               [](int8_t* q, float* sc, int64_t values, int64_t width) {
+                                 const int64_t nb = values / r16::kBlock;
+                                 return r16::I16Rows{q, q + values, sc, sc + nb, reinterpret_cast<int32_t*>(sc + 2 * nb), width};
+                               });
   }
   StepWork work(*this, T, pos, slot, rows, n, buffers, threads);
   pool_.run(work, threads);
+  if (profiling_)
+    step_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count();
   return logits;
 }
 
@@ -608,5 +717,6 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("int16_activations", &voxlane::NativeDecoder::int16_activations)
       .def("r16_bytes", &voxlane::NativeDecoder::r16_bytes)
       .def("set_profiling", &voxlane::NativeDecoder::set_profiling)
-      .def("profile_ms", &voxlane::NativeDecoder::profile_ms);
+      .def("profile_ms", &voxlane::NativeDecoder::profile_ms)
+      .def("handoff_profile", &voxlane::NativeDecoder::handoff_profile);
 }

@@ -163,9 +163,10 @@ inline bool batch_tiles_run(const I16Rows& x, int64_t M) { return M >= kBatchTil
 
 // y[m, n] = x^[m] . W[n] for weight rows [n0, n1) (multiples of 16) and the M <= 8 rows of x: in the batch
 // tiles where batch_tiles_run (or, forced = true, wherever batch_tiles_usable: the ops' tests), else
-// r16::matvec (VNNI). batch_tile_calls() counts the tiles' calls (tests; -1 without them in this build).
+// r16::matvec (VNNI; descending: its row groups from the last down, as a step pool task taken from a
+// phase's back end). batch_tile_calls() counts the tiles' calls (tests; -1 without them in this build).
 inline void batch_product(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
-                          bool forced = false) {
+                          bool forced = false, bool descending = false) {
 #if defined(VOXLANE_R16_TILES)
   if (forced ? batch_tiles_usable(x, M) : batch_tiles_run(x, M)) {
     gguf::with_format(w.format, [&](auto block) {
@@ -175,7 +176,7 @@ inline void batch_product(const Weight& w, const I16Rows& x, int64_t M, float* y
   }
 #endif
   (void)forced;
-  matvec(w, x, M, y, ldy, n0, n1);
+  matvec(w, x, M, y, ldy, n0, n1, descending);
 }
 
 inline int64_t batch_tile_calls() {

@@ -396,14 +396,20 @@ inline void group_dot_scalar(const uint8_t* group, const Weight& w, const I16Row
     }
 }
 
-// y[m, n] = x^[m] . W[n] for rows n in [n0, n1) (multiples of 16) and M <= 8 rows of x.
+// y[m, n] = x^[m] . W[n] for rows n in [n0, n1) (multiples of 16) and M <= 8 rows of x; descending:
+// the groups from the last one down (a step pool task from a phase's back end: the prefetch then runs
+// into the rows that thread takes next).
 template <class B, int MB>
-inline void matvec_groups(const Weight& w, const I16Rows& x, float* y, int64_t ldy, int64_t n0, int64_t n1) {
-  for (int64_t g = n0 / kRows; g < n1 / kRows; ++g) {
+inline void matvec_groups(const Weight& w, const I16Rows& x, float* y, int64_t ldy, int64_t n0, int64_t n1,
+                          bool descending) {
+  const int64_t g0 = n0 / kRows, g1 = n1 / kRows;
+  for (int64_t i = g0; i < g1; ++i) {
+    const int64_t g = descending ? g0 + g1 - 1 - i : i;
 #if defined(VOXLANE_R16_VNNI)
     // the group 4 KB (at least one group) ahead, one line per line read (gguf_blocks.h)
     const int64_t ahead_groups = prefetch_distance(w.group_bytes) / w.group_bytes;
-    const uint8_t* ahead = w.group(std::min(g + ahead_groups, w.rows / kRows - 1));
+    const uint8_t* ahead = w.group(descending ? std::max<int64_t>(g - ahead_groups, 0)
+                                              : std::min(g + ahead_groups, w.rows / kRows - 1));
     group_dot<B, MB>(w.group(g), w, x, y + g * kRows, ldy, ahead);
 #else
     group_dot_scalar<B>(w.group(g), w, x, MB, y + g * kRows, ldy);
@@ -412,18 +418,33 @@ inline void matvec_groups(const Weight& w, const I16Rows& x, float* y, int64_t l
 }
 
 template <class B>
-inline void matvec_format(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) {
-  with_rows<1, 8>(M, [&](auto rows) { matvec_groups<B, decltype(rows)::value>(w, x, y, ldy, n0, n1); });
+inline void matvec_format(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
+                          bool descending) {
+  with_rows<1, 8>(M, [&](auto rows) { matvec_groups<B, decltype(rows)::value>(w, x, y, ldy, n0, n1, descending); });
 }
 
 // y[m, n] = x^[m] . W[n] (no bias) for rows n in [n0, n1) (multiples of 16) and M rows of x (groups of 8).
-inline void matvec(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+inline void matvec(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
+                   bool descending = false) {
   gguf::with_format(w.format, [&](auto block) {
     using B = decltype(block);
     if constexpr (has_layout<B>())
       for (int64_t m = 0; m < M; m += 8)
-        matvec_format<B>(w, x.at_row(m), M - m < 8 ? M - m : 8, y + m * ldy, ldy, n0, n1);
+        matvec_format<B>(w, x.at_row(m), M - m < 8 ? M - m : 8, y + m * ldy, ldy, n0, n1, descending);
   });
+}
+
+// The first prefetch_distance() bytes of rows [n0, n1) (multiples of 16) in the order matvec reads
+// them (descending: of the last group's), one line per 64 bytes: a task's start, fetched while its
+// thread waits for the phase before.
+inline void prefetch_rows(const Weight& w, int64_t n0, int64_t n1, bool descending) {
+  const int64_t bytes = std::min((n1 - n0) / kRows * w.group_bytes, prefetch_distance(w.group_bytes));
+  const uint8_t* at = descending ? w.group(n1 / kRows) - bytes : w.group(n0 / kRows);  // whole groups
+#if defined(VOXLANE_R16_VNNI)
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(at + i), _MM_HINT_T0);
+#else
+  (void)at;
+#endif
 }
 
 }  // namespace voxlane::r16

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -38,21 +39,37 @@
 
 namespace voxlane {
 
-// What a step runs: phases() phases of size(p) tasks; run(p, i, worker) does task i of phase p
-// (worker in [0, threads): for per-thread scratch).
+// What a step runs: phases() phases of size(p) units; run(p, u0, u1, worker, descending) does units
+// [u0, u1) of phase p, a task (worker in [0, threads): for per-thread scratch; descending: the task
+// was taken from the phase's back end, see StepPool, and may walk its memory downwards). A task is at
+// most max_chunk(p) units. With has_tail(p) (a phase with units), tail(p, worker) runs once, on the
+// thread that completes the phase's last unit, before the phase counts as complete (a row norm that
+// needs the whole phase's output, without a phase and a hand-off of its own). prefetch(p, u0, u1,
+// descending): a task's first memory, asked for when its thread has to wait for the phase before.
 struct PhasedWork {
   virtual ~PhasedWork() = default;
   virtual int64_t phases() const = 0;
   virtual int64_t size(int64_t phase) const = 0;
-  virtual void run(int64_t phase, int64_t task, int worker) = 0;
+  virtual int64_t max_chunk(int64_t) const { return 1; }
+  virtual bool has_tail(int64_t) const { return false; }
+  virtual void run(int64_t phase, int64_t u0, int64_t u1, int worker, bool descending) = 0;
+  virtual void tail(int64_t, int) {}
+  virtual void prefetch(int64_t, int64_t, int64_t, bool) {}
 };
 
 class StepPool {
  public:
-  // 64-bit ticket word: generation (16 bits) | task count (24) | next task index (24).
-  static constexpr int kIndexBits = 24;
-  static constexpr uint64_t kIndexMask = (1ull << kIndexBits) - 1;
-  static constexpr int64_t kMaxTasks = int64_t(kIndexMask);
+  // 64-bit ticket word: generation (16 bits) | phase (12) | front (18) | back (18): the units not yet
+  // taken of the current phase are [front, back). Even workers take tasks from the front, odd ones from
+  // the back (so with two threads each walks its own end of a matrix, and they meet where the work
+  // splits evenly). A task is the units left / (2 x threads), at least 1 and at most max_chunk(p): large
+  // while much is left, single units where the two ends meet, so a thread waits at a phase's end for
+  // at most about one unit of the other's work. Taking a phase's last units moves the word to the next
+  // phase with units (or to phase = kDone: the step's tasks are all taken).
+  static constexpr int kUnitBits = 18, kPhaseBits = 12;
+  static constexpr uint64_t kUnitMask = (1ull << kUnitBits) - 1, kPhaseMask = (1ull << kPhaseBits) - 1;
+  static constexpr int64_t kMaxUnits = int64_t(kUnitMask);  // per phase
+  static constexpr int64_t kDone = int64_t(kPhaseMask);     // the phase field once every task is taken
 
   ~StepPool() {
     {
@@ -74,38 +91,55 @@ class StepPool {
     const auto start = std::chrono::steady_clock::now();
     stalled_ns_ = 0;
     const int64_t phases = work.phases();
-    bounds_.assign(phases + 1, 0);
-    after_.assign(phases, -1);
-    int64_t last = -1;  // the last phase with tasks so far
-    for (int64_t p = 0; p < phases; ++p) {
-      bounds_[p + 1] = bounds_[p] + work.size(p);
-      after_[p] = last;
-      if (bounds_[p + 1] > bounds_[p]) last = p;
-    }
-    const int64_t total = bounds_[phases];
-    if (total == 0) return;
-    if (total > kMaxTasks) throw std::runtime_error("StepPool: too many tasks in one step");
-    if (done_size_ < phases) {
+    if (phases >= kDone) throw std::runtime_error("StepPool: too many phases in one step");
+    if (capacity_ < phases) {  // grown only (a helper late from the last step may still read them)
       done_ = std::make_unique<Counter[]>(phases);
-      done_size_ = phases;
+      size_ = std::make_unique<int64_t[]>(phases);
+      needed_ = std::make_unique<int64_t[]>(phases);
+      chunk_ = std::make_unique<int64_t[]>(phases);
+      after_ = std::make_unique<int64_t[]>(phases);
+      next_ = std::make_unique<int64_t[]>(phases + 1);
+      capacity_ = phases;
     }
-    for (int64_t p = 0; p < phases; ++p) done_[p].n.store(0, std::memory_order_relaxed);
+    int64_t last = -1;  // the last phase with units so far
+    for (int64_t p = 0; p < phases; ++p) {
+      size_[p] = work.size(p);
+      if (size_[p] > kMaxUnits) throw std::runtime_error("StepPool: too many units in one phase");
+      const bool tail = size_[p] > 0 && work.has_tail(p);
+      needed_[p] = size_[p] + (tail ? 1 : 0);
+      chunk_[p] = std::max<int64_t>(1, work.max_chunk(p));
+      after_[p] = last;
+      done_[p].n.store(0, std::memory_order_relaxed);
+      if (size_[p] > 0) last = p;
+    }
+    if (last < 0) return;
+    next_[phases] = -1;
+    for (int64_t p = phases - 1; p >= 0; --p) next_[p] = size_[p] > 0 ? p : next_[p + 1];
     work_ = &work;
+    threads_ = threads;
     ensure_helpers(threads - 1);
     active_helpers_.store(threads - 1, std::memory_order_relaxed);
     generation_ = (generation_ + 1) & 0xffff;
+    step_profiled_.store(profiling_ && threads <= kProfiledWorkers, std::memory_order_relaxed);
+    started_ = start;
     // Publishing the ticket word publishes everything above to helpers that take a ticket; seq_cst
     // with the load of sleeping_ below, so a helper going to sleep either sees it or is woken.
-    ticket_.store((uint64_t(generation_) << 48) | (uint64_t(total) << kIndexBits), std::memory_order_seq_cst);
+    ticket_.store(word(generation_, next_[0], 0, size_[next_[0]]), std::memory_order_seq_cst);
     if (sleeping_.load(std::memory_order_seq_cst) > 0) {
       std::lock_guard<std::mutex> lock(mutex_);
       wake_.notify_all();
     }
-    participate(0, generation_);
-    // The step is done when its last phase with tasks is: each of its tasks waited for the phase
+    const bool profiling = profiling_now();
+    participate(0, generation_, profiling);
+    const auto tail = profiling ? std::chrono::steady_clock::now() : start;
+    // The step is done when its last phase with units is: each of its tasks waited for the phase
     // before it, and so on back to the first.
-    const int64_t needed = bounds_[last + 1] - bounds_[last];
-    wait_until([&] { return done_[last].n.load(std::memory_order_acquire) >= needed; }, true);
+    wait_until([&] { return done_[last].n.load(std::memory_order_acquire) >= needed_[last]; }, true);
+    if (profiling) {
+      tail_ns_ += elapsed_ns(tail);
+      run_ns_ += elapsed_ns(start);
+      ++steps_;
+    }
     if (threads > 1 && stalled_ns_ * 4 > elapsed_ns(start)) solo_left_ = kSoloSteps;
   }
 
@@ -115,6 +149,30 @@ class StepPool {
   void set_stall_fallback(bool on) {
     stall_fallback_ = on;
     solo_left_ = 0;
+  }
+
+  // Profiling of the hand-offs (off by default: three clock reads per task). Per worker (0: the
+  // calling thread), since the last reset: ns in tasks, ns waiting for the phase before a task's to
+  // complete, ns in the rest of the loop (taking tickets, counting tasks done), tasks run, waits
+  // (a task whose phase before was not complete when its ticket was taken); and for the calling
+  // thread the ns from its last task to the step's end (waiting for the others' last tasks), and
+  // the steps' ns inside run().
+  // Helpers also: ns from the step's start to their first ticket, and the steps they slept before.
+  struct WorkerStats {
+    int64_t task_ns = 0, wait_ns = 0, other_ns = 0, tasks = 0, waits = 0, join_ns = 0, sleeps = 0;
+  };
+  static constexpr int kProfiledWorkers = 8;  // workers beyond these are not profiled
+  void set_profiling(bool on) {
+    profiling_ = on;
+    stats_.fill(WorkerStats{});
+    tail_ns_ = run_ns_ = steps_ = 0;
+  }
+  // [steps, run ns, tail ns, then per worker: task ns, wait ns, other ns, tasks, waits, join ns, sleeps]
+  std::vector<int64_t> profile() const {
+    std::vector<int64_t> out{steps_, run_ns_, tail_ns_};
+    for (const WorkerStats& w : stats_)
+      out.insert(out.end(), {w.task_ns, w.wait_ns, w.other_ns, w.tasks, w.waits, w.join_ns, w.sleeps});
+    return out;
   }
 
  private:
@@ -129,10 +187,13 @@ class StepPool {
   struct alignas(64) Counter {
     std::atomic<int64_t> n{0};
   };
+  // Per phase (capacity_ of each, never shrunk): units done (+ 1 once its tail ran), units, units done
+  // (+ tail) when complete, the most units per task, the phase it waits for (the last one before it
+  // with units; -1: none); next_[p]: the first phase >= p with units (-1: none).
   std::unique_ptr<Counter[]> done_;
-  int64_t done_size_ = 0;
-  std::vector<int64_t> bounds_;  // phase p's tasks are tickets [bounds_[p], bounds_[p + 1])
-  std::vector<int64_t> after_;   // the phase p waits for: the last one before it with tasks (-1: none)
+  std::unique_ptr<int64_t[]> size_, needed_, chunk_, after_, next_;
+  int64_t capacity_ = 0;
+  int threads_ = 1;  // this step's
   PhasedWork* work_ = nullptr;
   uint32_t generation_ = 0;
   std::atomic<int> active_helpers_{0};  // helpers 1..active_helpers_ take part in the current step
@@ -144,6 +205,14 @@ class StepPool {
   int solo_left_ = 0;        // steps still to run alone
   int64_t solo_steps_ = 0;   // steps run alone so far
   int64_t stalled_ns_ = 0;   // this step: the calling thread's waits longer than kStallNs
+  bool profiling_ = false;
+  std::atomic<bool> step_profiled_{false};  // this step's (written before the ticket word is published)
+  std::array<WorkerStats, kProfiledWorkers> stats_{};  // per worker, each written by its own thread
+  int64_t tail_ns_ = 0, run_ns_ = 0, steps_ = 0;
+  std::chrono::steady_clock::time_point started_;  // this step's start (published with the ticket word)
+
+  // Whether this step is profiled (read by helpers after they saw the step's generation).
+  bool profiling_now() const { return step_profiled_.load(std::memory_order_relaxed); }
 
   static int64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since).count();
@@ -166,6 +235,10 @@ class StepPool {
     else sched_yield();  // under load: let a paused thread (maybe the one holding our input) run
   }
 
+  static uint64_t word(uint64_t generation, int64_t phase, int64_t front, int64_t back) {
+    return (generation << 48) | (uint64_t(phase) << (2 * kUnitBits)) | (uint64_t(front) << kUnitBits) | uint64_t(back);
+  }
+
   void ensure_helpers(int count) {
     while (static_cast<int>(helpers_.size()) < count) {
       const int worker = static_cast<int>(helpers_.size()) + 1;
@@ -173,29 +246,67 @@ class StepPool {
     }
   }
 
-  // Take tickets of step `generation` until it has none left. A ticket is taken only while the
-  // word still holds that generation: a helper that the OS paused after its last task of a step must
-  // not take (and then mishandle, its phase being the old step's) a ticket of the next one. Tickets of
-  // a finished generation carry an index past their task count.
-  void participate(int worker, uint64_t generation) {
-    int64_t phase = 0;
+  // Take tasks of step `generation` until it has none left. A task is taken only while the word still
+  // holds that generation: a helper that the OS paused after its last task of a step must not take (and
+  // then mishandle, its phase being the old step's) a task of the next one. A word of a live step
+  // always has units left in its phase (taking the last ones moves it on), so the per-phase arrays read
+  // before the compare-exchange are this step's whenever it succeeds; a finished step's word says
+  // phase = kDone and nothing is read.
+  void participate(int worker, uint64_t generation, bool profiling) {
+    using clock = std::chrono::steady_clock;
+    WorkerStats* stats = profiling ? &stats_[worker] : nullptr;
+    auto mark = stats ? clock::now() : clock::time_point{};
+    if (stats && worker > 0) stats->join_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(mark - started_).count();
+    auto lap = [&](int64_t& into) {  // adds the time since the last mark to `into`
+      const auto now = clock::now();
+      into += std::chrono::duration_cast<std::chrono::nanoseconds>(now - mark).count();
+      mark = now;
+    };
+    const bool back_end = worker % 2 == 1;
     for (;;) {
       uint64_t ticket = ticket_.load(std::memory_order_acquire);
-      int64_t index;
+      int64_t phase, u0, u1;
       for (;;) {
-        const int64_t total = int64_t((ticket >> kIndexBits) & kIndexMask);
-        index = int64_t(ticket & kIndexMask);
-        if ((ticket >> 48) != generation || index >= total) return;
-        if (ticket_.compare_exchange_weak(ticket, ticket + 1, std::memory_order_acq_rel, std::memory_order_acquire)) break;
+        phase = int64_t((ticket >> (2 * kUnitBits)) & kPhaseMask);
+        if ((ticket >> 48) != generation || phase == kDone) {
+          if (stats) lap(stats->other_ns);
+          return;
+        }
+        const int64_t front = int64_t((ticket >> kUnitBits) & kUnitMask), back = int64_t(ticket & kUnitMask);
+        const int64_t chunk = std::clamp<int64_t>((back - front) / (2 * threads_), 1, chunk_[phase]);
+        u0 = back_end ? back - chunk : front;
+        u1 = back_end ? back : front + chunk;
+        uint64_t next;
+        if (back - front > chunk) next = back_end ? word(generation, phase, front, u0) : word(generation, phase, u1, back);
+        else if (const int64_t np = next_[phase + 1]; np >= 0) next = word(generation, np, 0, size_[np]);
+        else next = word(generation, kDone, 0, 0);
+        if (ticket_.compare_exchange_weak(ticket, next, std::memory_order_acq_rel, std::memory_order_acquire)) break;
       }
-      while (bounds_[phase + 1] <= index) ++phase;  // tickets rise, so the phase only moves forward
       if (const int64_t before = after_[phase]; before >= 0) {
-        const int64_t needed = bounds_[before + 1] - bounds_[before];
         const auto* done = &done_[before].n;
-        wait_until([&] { return done->load(std::memory_order_acquire) >= needed; }, worker == 0);
+        const int64_t needed = needed_[before];
+        if (stats) lap(stats->other_ns);
+        if (done->load(std::memory_order_acquire) < needed) {
+          if (stats) ++stats->waits;
+          work_->prefetch(phase, u0, u1, back_end);  // while the other threads finish the phase before
+          wait_until([&] { return done->load(std::memory_order_acquire) >= needed; }, worker == 0);
+        }
+        if (stats) lap(stats->wait_ns);
+      } else if (stats) {
+        lap(stats->other_ns);
       }
-      work_->run(phase, index - bounds_[phase], worker);
-      done_[phase].n.fetch_add(1, std::memory_order_acq_rel);
+      work_->run(phase, u0, u1, worker, back_end);
+      if (stats) {
+        lap(stats->task_ns);
+        ++stats->tasks;
+      }
+      const int64_t units = u1 - u0;
+      if (done_[phase].n.fetch_add(units, std::memory_order_acq_rel) + units == size_[phase] &&
+          needed_[phase] > size_[phase]) {
+        work_->tail(phase, worker);  // every unit of the phase is done and visible here
+        if (stats) lap(stats->task_ns);
+        done_[phase].n.fetch_add(1, std::memory_order_acq_rel);
+      }
     }
   }
 
@@ -209,7 +320,9 @@ class StepPool {
         for (int i = 0; i < 64; ++i) VOXLANE_PAUSE();
         gen = ticket_.load(std::memory_order_acquire) >> 48;
       }
+      bool slept = false;
       if (gen == seen) {
+        slept = true;
         std::unique_lock<std::mutex> lock(mutex_);
         sleeping_.fetch_add(1, std::memory_order_seq_cst);
         wake_.wait(lock, [&] { return stop_ || (ticket_.load(std::memory_order_seq_cst) >> 48) != seen; });
@@ -218,7 +331,11 @@ class StepPool {
         gen = ticket_.load(std::memory_order_acquire) >> 48;
       }
       seen = gen;
-      if (worker <= active_helpers_.load(std::memory_order_relaxed)) participate(worker, gen);
+      if (worker <= active_helpers_.load(std::memory_order_relaxed)) {
+        const bool profiling = profiling_now() && worker < kProfiledWorkers;
+        if (profiling && slept) ++stats_[worker].sleeps;
+        participate(worker, gen, profiling);
+      }
     }
   }
 };

@@ -100,6 +100,7 @@ def test_step_decode_batch_in_batch_tiles(batch_tiles, smollm2_native):
         for arm in ("tiles", "vnni"):
             ops.set_r16_batch_tiles(arm == "tiles")
             cache = KVCache(model.args, 8, 64, torch.float32)
+            cache.tensors.k.zero_(), cache.tensors.v.zero_()  # positions never written compare equal (not reused memory)
             decoder = build_decoder(model, cache.tensors)
             for s in range(8):  # 8 sequences of 9 + s tokens
                 n = 9 + s

@@ -1,0 +1,65 @@
+"""The one-call step's hand-offs (engine/step_pool.h, engine/decode_step.cpp): in a decoding batch the
+norms run as the tails of the matrix phases before them, so a layer is 5 phases (qkv, attention, o_proj,
+gate/up, down), counted by the step pool's profile; on two threads the tasks are taken from both ends of
+each phase and the step still equals the one-thread step bit for bit (with int16 activations:
+tests/engine/test_int16_activations.py's test_two_threads_give_the_same_step)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.native_weights import load_native_model
+from tests.engine.test_native_weights import ops  # noqa: F401 (fixture)
+
+
+@pytest.fixture(scope="module")
+def smollm2_native(ops, smollm2_dir):
+    return load_native_model(smollm2_dir, 256, ops)
+
+
+def _tasks_per_step(decoder, steps) -> tuple[list[int], torch.Tensor]:
+    """Runs ``steps`` (step() arguments) with profiling -> (tasks per worker, the last step's logits)."""
+    decoder.set_profiling(True)
+    for args in steps:
+        logits = decoder.step(*args)
+    profile = decoder.handoff_profile()
+    decoder.set_profiling(False)
+    pool_steps, per_worker = profile[1], profile[4:]
+    assert pool_steps == len(steps)
+    return [per_worker[7 * w + 3] for w in range(len(per_worker) // 7)], logits
+
+
+@pytest.mark.parametrize("int16", [False, True])
+def test_a_decode_step_has_five_phases_per_layer(ops, smollm2_native, int16):
+    """On one thread every unit is a task: a batch-1 step runs layer 0's input norm, then per layer the
+    units of qkv (64-row units: head_dim), attention (one per kv head), o_proj and down (16 rows) and
+    gate/up (32), then the LM head's (128 rows): no task for the other norms, which ride in o_proj's and
+    down's tails (7 hand-offs per layer before). A prompt chunk (12 rows) keeps its norm phases (one task
+    each) and the final norm."""
+    from engine.kv_cache import KVCache
+    from engine.native_step import build_decoder
+
+    model = smollm2_native
+    a = model.args
+    model.int16_activations = int16
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        cache = KVCache(a, 2, 64, torch.float32)
+        decoder = build_decoder(model, cache.tensors)
+        prompt = (torch.arange(100, 112), torch.arange(12), torch.zeros(12, dtype=torch.long), torch.tensor([11]))
+        decode = (torch.tensor([7]), torch.tensor([12]), torch.tensor([0]), torch.tensor([0]))
+        prompt_tasks = _tasks_per_step(decoder, [prompt])[0][0]
+        decode_tasks = _tasks_per_step(decoder, [decode])[0][0]
+    finally:
+        torch.set_num_threads(threads)
+        model.int16_activations = False
+    d, D, I, V, kv = a.head_dim, a.dim, a.intermediate_size, a.vocab_size, a.num_kv_heads
+    qkv = (a.num_heads + 2 * kv) * d
+    per_layer = qkv // 64 + kv + D // 16 + I // 32 + D // 16
+    head = -(-V // 128)
+    assert decode_tasks == 1 + a.num_layers * per_layer + head
+    # the prompt chunk: 16-row qkv units, its k/v write per (row, kv head), attention per (16 rows, kv
+    # head) (attend_rows), both norms
+    prompt_layer = qkv // 16 + 12 * kv + -(-12 // 16) * kv + D // 16 + I // 32 + D // 16 + 2
+    assert prompt_tasks == a.num_layers * prompt_layer + 1 + head
