@@ -9,8 +9,9 @@
 // ONE A tile of 2M rows: rows 0..M-1 q1, rows M..2M-1 q2, which is where they lie when the I16Rows hold
 // exactly M rows (q2 = q1 + M K: the one-call step's buffers and the ops' inputs), so one strided tile
 // load reads them; one TDPBSUD (B = the block's 16 weight rows, as in r16_tiles.h) gives both parts'
-// sums; one tile store of 2M x 64 bytes. The epilogue per activation row m is r16_tiles.h's: dot = (C[m]
-// << 7) + C[M + m] (- Z sum(Q)), acc[m] += float(dot) * (d[16] * s[m]) (+ m[16] * sx[m]): the VNNI
+// sums; one tile store of 2M x 64 bytes. The epilogue per activation row m is r16_tiles.h's
+// (tiles::accumulate_block): dot = (C[m] << 7) + C[M + m] (- Z sum(Q)), acc[m] += float(dot) * (d[16] *
+// s[m]) (+ m[16] * sx[m]): the VNNI
 // kernel's integer sums and fp32 operations in its order, so the outputs are bit-equal to r16::matvec's
 // (the tests check it). Block b + 1's product is issued before block b's epilogue (two banks).
 // Q4's B tiles (a line's low and high nibbles as 8 B rows) are split 2 blocks ahead into a ring on the
@@ -75,24 +76,10 @@ inline void matmul(const Weight& w, const I16Rows& x, int64_t M, float* y, int64
     const int64_t first = (g - g0) * nb;  // the group's first block in the call's count
     __m512 acc[8];
     for (int m = 0; m < 8; ++m) acc[m] = _mm512_setzero_ps();
-    auto epilogue = [&](const int32_t* cb, int64_t b) {
+    auto epilogue = [&](const int32_t* cb, int64_t b) {  // C's rows: q1 sums of the M rows, then q2's
       if constexpr (Lay::kNibbles) split(first + b + kAhead);
-      for (int j = 0; j < Lay::kLines; ++j)  // the next group's block b (a group ahead: ~6-16 KB)
-        _mm_prefetch(reinterpret_cast<const char*>(next + (b * Lay::kLines + j) * 64), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(next + w.lines_bytes + b * Lay::kScaleBytes), _MM_HINT_T0);
-      const uint8_t* sc = scales + b * Lay::kScaleBytes;
-      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
-      __m512 mn = d;
-      if constexpr (Lay::kMin) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)));
-#pragma GCC unroll 8
-      for (int m = 0; m < 8; ++m) {
-        if (m >= M) break;
-        __m512i v = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cb + 16 * m), 7),
-                                     _mm512_load_si512(cb + 16 * (M + m)));
-        if constexpr (Lay::kOffset != 0) v = _mm512_add_epi32(v, _mm512_set1_epi32(-Lay::kOffset * sumq[m * nb + b]));
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(d, _mm512_set1_ps(s[m * nb + b])), acc[m]);
-        if constexpr (Lay::kMin) acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(sx[m * nb + b]), acc[m]);
-      }
+      tiles::prefetch_block<Lay>(w, next, b);  // the next group's block b (a group ahead: ~6-16 KB)
+      tiles::accumulate_block<Lay, 8>(cb, cb + 16 * M, static_cast<int>(M), scales, s, sx, sumq, nb, b, acc);
     };
     // B of block b: its ring slot (Q4) or its 8 lines in the group (Q8_0).
     auto btile = [&](int64_t b) -> const uint8_t* {

@@ -68,25 +68,49 @@ inline void split_nibbles(const uint8_t* lines, int64_t nb, uint8_t* out) {
     }
 }
 
+// Block b of the next group (its lines and its scales) on their way, while this group's is multiplied.
+template <class Lay>
+inline void prefetch_block(const Weight& w, const uint8_t* next, int64_t b) {
+  for (int j = 0; j < Lay::kLines; ++j)
+    _mm_prefetch(reinterpret_cast<const char*>(next + (b * Lay::kLines + j) * 64), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(next + w.lines_bytes + b * Lay::kScaleBytes), _MM_HINT_T0);
+}
+
+// The epilogue of block b for activation rows m < R (R <= kMaxRows; lanes: the group's 16 weight rows),
+// from the tile stores of the rows' q1 sums (hi: row m at hi + 16 m) and q2 sums (lo, the same):
+// r16_matmul.h's, dot = (hi << 7) + lo - Z sum(Q) (in int32), acc[m] += float(dot) * (d[16] * s[m])
+// (+ m[16] * sx[m] for Q4_1), the same integer sums and fp32 operations in the same order as the VNNI
+// kernel. scales: the group's scale bytes; s, sx, sumq: the rows' per-block values (row m's at m nb + b).
+// This file's prompt tiles and r16_batch.h's decoding-batch tiles both end each block here.
+template <class Lay, int kMaxRows>
+inline void accumulate_block(const int32_t* hi, const int32_t* lo, int R, const uint8_t* scales, const float* s,
+                             const float* sx, const int32_t* sumq, int64_t nb, int64_t b, __m512* acc) {
+  const uint8_t* sc = scales + b * Lay::kScaleBytes;
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
+  __m512 mn = d;
+  if constexpr (Lay::kMin) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)));
+#pragma GCC unroll 16
+  for (int m = 0; m < kMaxRows; ++m) {
+    if (m >= R) break;
+    __m512i v = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(hi + 16 * m), 7), _mm512_load_si512(lo + 16 * m));
+    if constexpr (Lay::kOffset != 0) v = _mm512_add_epi32(v, _mm512_set1_epi32(-Lay::kOffset * sumq[m * nb + b]));
+    acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(d, _mm512_set1_ps(s[m * nb + b])), acc[m]);
+    if constexpr (Lay::kMin) acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(sx[m * nb + b]), acc[m]);
+  }
+}
+
 // y[m, n] = x^[m] . W[n] for weight rows [n0, n1) (multiples of 16) and all M rows of x.
 template <class B>
 inline void matmul(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) {
   using Lay = Layout<B>;
   const int64_t K = x.K, nb = w.nblocks, groups = w.rows / kRows;
   thread_local std::vector<uint8_t> split;  // Q4: one group's B tiles
-  thread_local std::vector<int32_t> offsets;  // Q4_0 / Q8_0: -Z sum(Q) per row and block
   uint8_t* sp = nullptr;
   if constexpr (Lay::kNibbles) {
     split.resize(static_cast<size_t>(nb * 512 + 64));
     sp = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(split.data()) + 63) & ~uintptr_t(63));
   }
-  int32_t* off = nullptr;
-  if constexpr (Lay::kOffset != 0) {
-    offsets.resize(static_cast<size_t>(M * nb));
-    for (int64_t i = 0; i < M * nb; ++i) offsets[i] = -Lay::kOffset * x.sumq[i];
-    off = offsets.data();
-  }
-  __asm__("" : "+r"(sp), "+r"(off));  // plain pointers (no thread_local look-ups in the loops)
+  __asm__("" : "+r"(sp));  // a plain pointer (no thread_local look-up in the loops)
   alignas(64) int32_t c[4][256];
   int loaded = -1;
   calls().fetch_add(1, std::memory_order_relaxed);
@@ -108,27 +132,12 @@ inline void matmul(const Weight& w, const I16Rows& x, int64_t M, float* y, int64
       }
       const int8_t *q1 = x.q1 + m0 * K, *q2 = x.q2 + m0 * K;
       const float *s = x.s + m0 * nb, *sx = x.sx + m0 * nb;
-      const int32_t* o = off ? off + m0 * nb : nullptr;
+      const int32_t* sumq = x.sumq + m0 * nb;
       __m512 acc[16];
       for (int m = 0; m < 16; ++m) acc[m] = _mm512_setzero_ps();
       auto epilogue = [&](const int32_t* c1, const int32_t* c2, int64_t b) {
-        // the next group's bytes of this block (lines and scales) on their way
-        for (int j = 0; j < Lay::kLines; ++j)
-          _mm_prefetch(reinterpret_cast<const char*>(next + (b * Lay::kLines + j) * 64), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(next + w.lines_bytes + b * Lay::kScaleBytes), _MM_HINT_T0);
-        const uint8_t* sc = scales + b * Lay::kScaleBytes;
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
-        __m512 mn = d;
-        if constexpr (Lay::kMin) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)));
-#pragma GCC unroll 16
-        for (int m = 0; m < 16; ++m) {
-          if (m >= R) break;
-          __m512i v = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(c1 + 16 * m), 7),
-                                       _mm512_load_si512(c2 + 16 * m));
-          if constexpr (Lay::kOffset != 0) v = _mm512_add_epi32(v, _mm512_set1_epi32(o[m * nb + b]));
-          acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(d, _mm512_set1_ps(s[m * nb + b])), acc[m]);
-          if constexpr (Lay::kMin) acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(sx[m * nb + b]), acc[m]);
-        }
+        prefetch_block<Lay>(w, next, b);
+        accumulate_block<Lay, 16>(c1, c2, R, scales, s, sx, sumq, nb, b, acc);
       };
       // Tile numbers are immediates (gcc pastes them into the instruction): macros.
 #define VOXLANE_R16_PRODUCTS(C1, C2, b)            \
