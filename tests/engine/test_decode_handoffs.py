@@ -8,13 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.native_weights import load_native_model
-from tests.engine.test_native_weights import ops  # noqa: F401 (fixture)
-
-
-@pytest.fixture(scope="module")
-def smollm2_native(ops, smollm2_dir):
-    return load_native_model(smollm2_dir, 256, ops)
+from tests.engine.test_native_weights import ops, smollm2_native  # noqa: F401 (fixtures)
 
 
 def _tasks_per_step(decoder, steps) -> tuple[list[int], torch.Tensor]:

@@ -10,10 +10,10 @@ import torch
 
 from engine import gguf_formats as fmt
 from engine.config import EngineConfig
-from engine.native_weights import NativeLinear, QuantWeight, load_native_model, unpack_r16
+from engine.native_weights import NativeLinear, QuantWeight, unpack_r16
 from tests.engine.test_decode_gemv import random_blocks
 from tests.engine.test_int8_activations import agreement_with_fp32
-from tests.engine.test_native_weights import first_rows, ops, smollm2_tensors  # noqa: F401 (fixtures)
+from tests.engine.test_native_weights import first_rows, ops, smollm2_native, smollm2_tensors  # noqa: F401 (fixtures)
 
 QMAX = 16256  # 128 * 127
 
@@ -123,11 +123,6 @@ def test_config():
     for other in ("int8_activations", "bf16_activations"):
         with pytest.raises(ValueError, match="int16_activations: not with"):
             EngineConfig(quant="native", int16_activations=True, **{other: True})
-
-
-@pytest.fixture(scope="module")
-def smollm2_native(ops, smollm2_dir):
-    return load_native_model(smollm2_dir, 256, ops)
 
 
 def test_decode_step_uses_int16_and_stays_close(ops, smollm2_native):

@@ -26,6 +26,12 @@ def smollm2_tensors(smollm2_dir) -> GGUFTensors:
 
 
 @pytest.fixture(scope="module")
+def smollm2_native(ops, smollm2_dir):
+    """SmolLM2's native model (its GGUF blocks, 256 positions), one per test module."""
+    return load_native_model(smollm2_dir, 256, ops)
+
+
+@pytest.fixture(scope="module")
 def qwen_tensors() -> GGUFTensors:
     """Qwen2.5-0.5B's GGUF (Q5_0, Q8_0, Q4_K, Q6_K), when its packages are installed."""
     from app import model_store

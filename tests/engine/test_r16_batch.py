@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from engine import gguf_formats as fmt
-from engine.native_weights import QuantWeight, load_native_model
+from engine.native_weights import QuantWeight
 from tests.engine.test_decode_gemv import random_blocks
 from tests.engine.test_int16_activations import quantize_i16_twin
-from tests.engine.test_native_weights import first_rows, ops, smollm2_tensors  # noqa: F401 (fixtures)
+from tests.engine.test_native_weights import first_rows, ops, smollm2_native, smollm2_tensors  # noqa: F401 (fixtures)
 from tests.engine.test_q8_tiles import _cpu_has_amx_int8
+from tests.engine.test_r16_tiles import SMOLLM2_R16_MATRICES
 
 ROWS = (1, 3, 8)
 
@@ -58,9 +59,7 @@ def check_batch_tiles(ops, weight: QuantWeight, mean: float = 0.0):
         ops.set_r16_batch_tiles(True)
 
 
-@pytest.mark.parametrize("name, format, rows", [("blk.0.ffn_gate.weight", fmt.Q4_1, 3072 // 16),
-                                                ("blk.0.ffn_down.weight", fmt.Q4_1, 576),
-                                                ("token_embd.weight", fmt.Q8_0, 160)])
+@pytest.mark.parametrize("name, format, rows", SMOLLM2_R16_MATRICES)
 def test_smollm2_batch_tiles(batch_tiles, smollm2_tensors, name, format, rows):
     weight = smollm2_tensors.quant(name)
     assert weight.format == format
@@ -77,11 +76,6 @@ def test_random_blocks(batch_tiles, format, cols):
     weight = QuantWeight(format, random_blocks(format, 48, cols, g).contiguous(), cols)
     for mean in (0.0, 1.0):
         check_batch_tiles(batch_tiles, weight, mean)
-
-
-@pytest.fixture(scope="module")
-def smollm2_native(ops, smollm2_dir):
-    return load_native_model(smollm2_dir, 256, ops)
 
 
 def test_step_decode_batch_in_batch_tiles(batch_tiles, smollm2_native):

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from engine import gguf_formats as fmt
-from engine.native_weights import QuantWeight, load_native_model
+from engine.native_weights import QuantWeight
 from tests.engine.test_decode_gemv import random_blocks
 from tests.engine.test_int16_activations import quantize_i16_twin
-from tests.engine.test_native_weights import first_rows, ops, smollm2_tensors  # noqa: F401 (fixtures)
+from tests.engine.test_native_weights import first_rows, ops, smollm2_native, smollm2_tensors  # noqa: F401 (fixtures)
 from tests.engine.test_q8_tiles import _cpu_has_amx_int8
 
 ROWS = (2, 8, 16, 43, 300)
@@ -56,9 +56,13 @@ def check_tiles(ops, weight: QuantWeight, mean: float = 0.0):
         assert torch.allclose(auto.double(), got, rtol=0, atol=1e-6 * size.max().item())
 
 
-@pytest.mark.parametrize("name, format, rows", [("blk.0.ffn_gate.weight", fmt.Q4_1, 3072 // 16),
-                                                ("blk.0.ffn_down.weight", fmt.Q4_1, 576),
-                                                ("token_embd.weight", fmt.Q8_0, 160)])
+# SmolLM2's R16 formats, a few groups of each: gate (3072 rows, Q4_1), down (K = 1536) and the embedding
+# (Q8_0), as (tensor, format, rows of it tested)
+SMOLLM2_R16_MATRICES = [("blk.0.ffn_gate.weight", fmt.Q4_1, 3072 // 16), ("blk.0.ffn_down.weight", fmt.Q4_1, 576),
+                        ("token_embd.weight", fmt.Q8_0, 160)]
+
+
+@pytest.mark.parametrize("name, format, rows", SMOLLM2_R16_MATRICES)
 def test_smollm2_tiles(tiles, smollm2_tensors, name, format, rows):
     weight = smollm2_tensors.quant(name)
     assert weight.format == format
@@ -74,11 +78,6 @@ def test_random_blocks(tiles, format, cols):
     weight = QuantWeight(format, random_blocks(format, 48, cols, g).contiguous(), cols)
     for mean in (0.0, 1.0):
         check_tiles(tiles, weight, mean)
-
-
-@pytest.fixture(scope="module")
-def smollm2_native(ops, smollm2_dir):
-    return load_native_model(smollm2_dir, 256, ops)
 
 
 def test_step_prompt_in_tiles(tiles, smollm2_native):
