@@ -75,8 +75,7 @@ struct Linear {
         const int64_t g0 = xi ? (a + r16::kRows - 1) / r16::kRows * r16::kRows : b, g1 = xi ? b / r16::kRows * r16::kRows : b;
         if (g0 < g1) {
           if (M <= 8) r16::batch_product(r16[i], *xi, M, yw, ldy, g0, g1, false, descending);  // decoding batches (r16_batch.h)
-          else if (descending && !r16::tiles_run(M)) r16::matvec(r16[i], *xi, M, yw, ldy, g0, g1, true);
-          else r16::product(r16[i], *xi, M, yw, ldy, g0, g1);  // AMX int8 tiles for prompt chunks (r16_tiles.h)
+          else r16::product(r16[i], *xi, M, yw, ldy, g0, g1, -1, descending);  // prompt chunks: AMX tiles (r16_tiles.h)
           if (a < g0) unpacked(i, x, M, yw, ldy, a, g0, xq, pack, bf16x);
           if (g1 < b) unpacked(i, x, M, yw, ldy, g1, b, xq, pack, bf16x);
         } else {

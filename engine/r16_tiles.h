@@ -200,9 +200,10 @@ inline int64_t tile_calls() {
 
 // y[m, n] = x^[m] . W[n] for weight rows [n0, n1) (multiples of 16) and M rows of x: in tiles where
 // tiles_run(M) (or tiles = 1 asks for them, 0 for the vector kernel; the ops' tests and benchmarks),
-// else r16::matvec (VNNI, 8 activation rows at a time).
+// else r16::matvec (VNNI, 8 activation rows at a time; descending: its row groups from the last down, as
+// a step pool task taken from a phase's back end).
 inline void product(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
-                    int tiles = -1) {
+                    int tiles = -1, bool descending = false) {
   const bool use = tiles < 0 ? tiles_run(M) : tiles == 1;
 #if defined(VOXLANE_R16_TILES)
   if (use) {
@@ -214,7 +215,7 @@ inline void product(const Weight& w, const I16Rows& x, int64_t M, float* y, int6
   }
 #endif
   (void)use;
-  matvec(w, x, M, y, ldy, n0, n1);
+  matvec(w, x, M, y, ldy, n0, n1, descending);
 }
 
 }  // namespace voxlane::r16
