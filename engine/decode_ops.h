@@ -46,9 +46,23 @@ inline float fast_exp(float x) {
   return p * two_n;
 }
 
-// RoPE of one head (HF's rotate-half convention; the sign is folded into sin).
+// RoPE of one head (HF's rotate-half convention; the sign is folded into sin). With 512-bit vectors
+// (half a multiple of 16) the same FMAs as gcc's scalar loop (which stays scalar: out may alias x for
+// all it knows): out[i] = fma(x[i], cos[i], x[i + half] sin[i]), out[i + half] = fma(x[i + half],
+// cos[i + half], x[i] sin[i + half]).
 inline void rope_into(const float* x, const float* cos, const float* sin, int64_t d, float* out) {
   const int64_t half = d / 2;
+#if defined(__AVX512F__)
+  if (half % 16 == 0) {
+    for (int64_t i = 0; i < half; i += 16) {
+      const __m512 lo = _mm512_loadu_ps(x + i), hi = _mm512_loadu_ps(x + i + half);
+      _mm512_storeu_ps(out + i, _mm512_fmadd_ps(lo, _mm512_loadu_ps(cos + i), _mm512_mul_ps(hi, _mm512_loadu_ps(sin + i))));
+      _mm512_storeu_ps(out + i + half, _mm512_fmadd_ps(hi, _mm512_loadu_ps(cos + i + half),
+                                                       _mm512_mul_ps(lo, _mm512_loadu_ps(sin + i + half))));
+    }
+    return;
+  }
+#endif
   for (int64_t i = 0; i < half; ++i) {
     out[i] = x[i] * cos[i] + x[i + half] * sin[i];
     out[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
@@ -98,26 +112,85 @@ inline void write_kv(const AttentionArgs& a, int64_t t) {
 // and add every weighted value into memory).
 // scores[r * n_keys + j] = q_r . key_j * scale for the first n_keys - n_keys % 16 keys, 16 at a time:
 // 16 dot products kept as vectors, reduced 4 at a time (gemm::hsum4). -> the keys done.
-inline int64_t scores_by_16(const float* q, int64_t R, const float* keys, int64_t n_keys, int64_t d, float scale,
-                            float* scores) {
-  const int64_t n16 = n_keys / 16 * 16, chunks = d / 16;
+template <int D16>
+inline void scores_by_16(const float* q, int64_t R, const float* keys, int64_t n16, float scale, float* scores,
+                         int64_t n_keys) {
+  constexpr int64_t d = 16 * D16;
   const __m128 s = _mm_set1_ps(scale);
   for (int64_t r = 0; r < R; ++r) {
-    __m512 qv[8];
-    for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm512_loadu_ps(q + r * d + 16 * c);
+    __m512 qv[D16];
+    for (int c = 0; c < D16; ++c) qv[c] = _mm512_loadu_ps(q + r * d + 16 * c);
     for (int64_t j0 = 0; j0 < n16; j0 += 16) {
       __m512 acc[16];
+#pragma GCC unroll 16
       for (int jj = 0; jj < 16; ++jj) {
         const float* key = keys + (j0 + jj) * d;
         acc[jj] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(key));
-        for (int64_t c = 1; c < chunks; ++c) acc[jj] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(key + 16 * c), acc[jj]);
+        for (int c = 1; c < D16; ++c) acc[jj] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(key + 16 * c), acc[jj]);
       }
       for (int k = 0; k < 4; ++k)
         _mm_storeu_ps(scores + r * n_keys + j0 + 4 * k,
                       _mm_mul_ps(gemm::hsum4(acc[4 * k], acc[4 * k + 1], acc[4 * k + 2], acc[4 * k + 3]), s));
     }
   }
+}
+
+// (d = 16 D16 a compile-time size, so a block's 16 accumulators stay in registers.)
+inline int64_t scores_by_16(const float* q, int64_t R, const float* keys, int64_t n_keys, int64_t d, float scale,
+                            float* scores) {
+  const int64_t n16 = n_keys / 16 * 16;
+  switch (d / 16) {
+    case 1: scores_by_16<1>(q, R, keys, n16, scale, scores, n_keys); break;
+    case 2: scores_by_16<2>(q, R, keys, n16, scale, scores, n_keys); break;
+    case 3: scores_by_16<3>(q, R, keys, n16, scale, scores, n_keys); break;
+    case 4: scores_by_16<4>(q, R, keys, n16, scale, scores, n_keys); break;
+    case 5: scores_by_16<5>(q, R, keys, n16, scale, scores, n_keys); break;
+    case 6: scores_by_16<6>(q, R, keys, n16, scale, scores, n_keys); break;
+    case 7: scores_by_16<7>(q, R, keys, n16, scale, scores, n_keys); break;
+    default: scores_by_16<8>(q, R, keys, n16, scale, scores, n_keys); break;
+  }
   return n16;
+}
+
+// scores[r * n_keys + j] for the last keys j0..n_keys-1 (1 to 15 of them, after scores_by_16's) exactly
+// as attend's plain loop computes each on its own (gcc's `omp simd` reduction for d a multiple of 16:
+// lane l = sum over c of q[16 c + l] key[16 c + l] by FMAs from 0, then 0 + lane 0 + lane 1 + ... +
+// lane 15 one add at a time, times scale), with the keys in the lanes: the keys' lane vectors
+// transposed, then the 16 adds as vectors. Why: one at a time, each dot product waited out 16
+// dependent adds (a fifth of a decoding row's attention at ~100 keys). Checked bit-equal to the loop's
+// scores through decode_attention and prompt_attention (784 cases, d = 32-128, 1-299 keys, a build of
+// each; the loop's order is gcc's, so another compiler may round these last keys differently).
+inline void scores_tail(const float* q, int64_t R, const float* keys, int64_t j0, int64_t n_keys, int64_t d,
+                        float scale, float* scores) {
+  const int n = static_cast<int>(n_keys - j0);
+  const __mmask16 keys_in = static_cast<__mmask16>((1u << n) - 1);
+  const int64_t chunks = d / 16;
+  for (int64_t r = 0; r < R; ++r) {
+    __m512 lanes[16];
+    for (int jj = 0; jj < 16; ++jj) {
+      lanes[jj] = _mm512_setzero_ps();
+      if (jj >= n) continue;
+      const float* key = keys + (j0 + jj) * d;
+      for (int64_t c = 0; c < chunks; ++c)
+        lanes[jj] = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * d + 16 * c), _mm512_loadu_ps(key + 16 * c), lanes[jj]);
+    }
+    gemm::transpose16(lanes);  // lanes[l]: lane l of every key
+    __m512 dot = _mm512_setzero_ps();
+    for (int l = 0; l < 16; ++l) dot = _mm512_add_ps(dot, lanes[l]);
+    _mm512_mask_storeu_ps(scores + r * n_keys + j0, keys_in, _mm512_mul_ps(dot, _mm512_set1_ps(scale)));
+  }
+}
+
+// The largest of x[0..n) (n >= 1) as std::max_element finds it (its value: a NaN counts only as x[0]),
+// 16 at a time: vmaxps(x, m) keeps m where x is NaN. (Equal zeros of either sign may give the other's
+// sign; the softmax's x - top and fast_exp give the same for both.) Why: std::max_element is a chain of
+// dependent scalar maxima (perf: a third of a decoding row's attention outside its products, in cache).
+inline float max_of(const float* x, int64_t n) {
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) m = _mm512_max_ps(_mm512_loadu_ps(x + j), m);
+  if (j < n) m = _mm512_max_ps(_mm512_mask_loadu_ps(m, static_cast<__mmask16>((1u << (n - j)) - 1), x + j), m);
+  return std::isnan(x[0]) ? x[0] : _mm512_reduce_max_ps(m);
 }
 
 // out[r] = sum_j p[r][j] / total[r] * value_j for the R heads (d = 16 * D16), the outputs of up to
@@ -172,7 +245,11 @@ inline void attend(const AttentionArgs& a, int64_t t, AttentionScratch& scratch,
   scratch.scores.resize(R * n_keys);
   int64_t j0 = 0;
 #if defined(VOXLANE_GEMM)
-  if (d % 16 == 0 && d <= 128) j0 = scores_by_16(scratch.q.data(), R, keys, n_keys, d, a.scale, scratch.scores.data());
+  if (d % 16 == 0 && d <= 128) {
+    j0 = scores_by_16(scratch.q.data(), R, keys, n_keys, d, a.scale, scratch.scores.data());
+    if (j0 < n_keys) scores_tail(scratch.q.data(), R, keys, j0, n_keys, d, a.scale, scratch.scores.data());
+    j0 = n_keys;
+  }
 #endif
   for (int64_t j = j0; j < n_keys; ++j) {
     const float* key = keys + j * d;
@@ -186,7 +263,11 @@ inline void attend(const AttentionArgs& a, int64_t t, AttentionScratch& scratch,
   }
   for (int64_t r = 0; r < R; ++r) {  // softmax numerators and 1 / sum, per head
     float* row_scores = scratch.scores.data() + r * n_keys;
+#if defined(VOXLANE_GEMM)
+    const float top = max_of(row_scores, n_keys);
+#else
     const float top = *std::max_element(row_scores, row_scores + n_keys);
+#endif
     float total = 0.f;
 #pragma omp simd reduction(+ : total)
     for (int64_t j = 0; j < n_keys; ++j) total += (row_scores[j] = fast_exp(row_scores[j] - top));

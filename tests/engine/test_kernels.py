@@ -74,6 +74,24 @@ def test_decode_attention_writes_cache_and_attends_each_own_length(ops, window):
     assert torch.allclose(k_cache, k_ref, atol=1e-6) and torch.equal(v_cache, v_ref)
 
 
+@pytest.mark.parametrize("d", [64, 128])
+def test_decode_attention_at_lengths_around_its_blocks_of_16_keys(ops, d):
+    """Rows whose key counts end inside a block of 16 (the keys past the last whole block take their own
+    path, decode_ops.h's scores_tail), on one, two and several blocks: torch's output and cache."""
+    H, Hkv, S, L = 6, 2, 8, 128
+    g = torch.Generator().manual_seed(3)
+    k_cache, v_cache = torch.randn(S, Hkv, L, d, generator=g), torch.randn(S, Hkv, L, d, generator=g)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    positions = torch.tensor([14, 15, 16, 30, 32, 46, 99, 127])  # 15, 16, 17, 31, 33, 47, 100, 128 keys
+    qkv = torch.randn(len(positions), (H + 2 * Hkv) * d, generator=g) * 2
+    cos, sin = torch.randn(len(positions), d, generator=g), torch.randn(len(positions), d, generator=g)
+    slots = torch.arange(len(positions))
+    got = ops.decode_attention(qkv, cos, sin, k_cache, v_cache, slots, positions, H, Hkv, 0)
+    expected = K.decode_attention_reference(qkv, cos, sin, k_ref, v_ref, slots, positions, H, Hkv, 0)
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert torch.allclose(k_cache, k_ref, atol=1e-6) and torch.equal(v_cache, v_ref)
+
+
 def test_bad_input_is_refused_with_a_message(ops):
     x, w, scale = torch.randn(1, 16), torch.zeros(8, 16, dtype=torch.int8), torch.ones(8)
     with pytest.raises(RuntimeError, match="w: contiguous int8"):
