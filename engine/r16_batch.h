@@ -13,8 +13,9 @@
 // (tiles::accumulate_block): dot = (C[m] << 7) + C[M + m] (- Z sum(Q)), acc[m] += float(dot) * (d[16] *
 // s[m]) (+ m[16] * sx[m]): the VNNI
 // kernel's integer sums and fp32 operations in its order, so the outputs are bit-equal to r16::matvec's
-// (the tests check it). Block b + 1's product is issued before block b's epilogue (two banks).
-// Q4's B tiles (a line's low and high nibbles as 8 B rows) are split 2 blocks ahead into a ring on the
+// (the tests check it). The products run two blocks ahead of the epilogues, across the call's groups
+// (four C tiles; see matmul).
+// Q4's B tiles (a line's low and high nibbles as 8 B rows) are split 6 blocks ahead into a ring on the
 // stack, during an earlier block's epilogue (a whole group split one group ahead, double-buffered, is 48
 // KB for down's 48 blocks: down took 1.04x the VNNI kernel's time in one linear at 8 rows, 0.92x with the
 // ring). The tiles are not released at the end of a call: each user of AMX here loads its own
@@ -36,11 +37,11 @@ namespace batch {
 
 inline std::atomic<int64_t> calls{0};  // the kernel's calls (batch_tile_calls)
 
-// Tiles 0, 1: C (2M x 64 bytes, two banks); 2, 3: A (2M x 32); 4, 5: B (8 x 64); M activation rows.
+// Tiles 0-3: C (2M x 64 bytes, four banks); 4, 5: A (2M x 32); 6, 7: B (8 x 64); M activation rows.
 inline const amx::TileConfig& config(int M) {
   static const auto configs = [] {
     std::array<amx::TileConfig, 8> all;
-    for (int m = 1; m <= 8; ++m) all[m - 1].tiles(0, 2, 2 * m, 64).tiles(2, 2, 2 * m, 32).tiles(4, 2, 8, 64);
+    for (int m = 1; m <= 8; ++m) all[m - 1].tiles(0, 4, 2 * m, 64).tiles(4, 2, 2 * m, 32).tiles(6, 2, 8, 64);
     return all;
   }();
   return configs[M - 1];
@@ -52,66 +53,96 @@ template <class B>
 inline void matmul(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) {
   using Lay = Layout<B>;
   const int64_t K = x.K, nb = w.nblocks, groups = w.rows / kRows;
-  // Q4: a ring of kAhead + 2 blocks' B tiles; block i (counting over the call's groups) is split kAhead
-  // blocks ahead, during block i - kAhead's epilogue (its loads are the stream's prefetch, and the
-  // stores are done well before the tile load reads them)
-  constexpr int64_t kAhead = 2, kRing = 4;
+  // The call's blocks i = 0..total-1 (group g0 + i / nb, its block i % nb) in one pipeline across its
+  // groups: while block i's epilogue runs, block i + 1's C tile has just been stored and the products
+  // of blocks i + 2 and i + 3 are under way. Why: a product's result takes long to come (the tile store
+  // waits for it), and a tile store's data is not forwarded to the epilogue's loads (they wait until it
+  // is written): with the product issued one block ahead and stored just before its epilogue, those
+  // waits were half of a block's time (perf, 8 rows of gate/up, one thread). Block i's C tile is
+  // i % 4 (its A and B tiles 4 + i % 2, 6 + i % 2); the stores go to a ring of three.
+  // Q4: the B tiles in a ring of kRing blocks, block i split kAhead blocks ahead during block i -
+  // kAhead's epilogue (its loads are the stream's prefetch, and its stores are done well before the tile
+  // load reads them).
+  constexpr int64_t kAhead = 6, kRing = 8;
   alignas(64) uint8_t ring[Lay::kNibbles ? kRing * 512 : 64];
   _tile_loadconfig(&config(static_cast<int>(M)));
   calls.fetch_add(1, std::memory_order_relaxed);
-  alignas(64) int32_t c[2][256];
+  alignas(64) int32_t c[3][256];
   const int8_t* q = x.q1;
   const float *s = x.s, *sx = x.sx;
   const int32_t* sumq = x.sumq;
   const int64_t g0 = n0 / kRows, g1 = n1 / kRows, total = (g1 - g0) * nb;
-  auto split = [&](int64_t i) {  // block i of the call (group g0 + i / nb) into its ring slot
+  auto split = [&](int64_t i) {  // block i of the call into its ring slot
     if (i < total) tiles::split_nibbles(w.group(g0 + i / nb) + (i % nb) * Lay::kLines * 64, 1, ring + 512 * (i % kRing));
+  };
+  // B of block i: its ring slot (Q4) or its 8 lines in its group (Q8_0).
+  auto btile = [&](int64_t i) -> const uint8_t* {
+    if constexpr (Lay::kNibbles) return ring + 512 * (i % kRing);
+    return w.group(g0 + i / nb) + 512 * (i % nb);
   };
   if constexpr (Lay::kNibbles)
     for (int64_t i = 0; i < kAhead; ++i) split(i);
-  for (int64_t g = g0; g < g1; ++g) {
-    const uint8_t* group = w.group(g);
-    const uint8_t* next = w.group(std::min(g + 1, groups - 1));
-    const uint8_t* scales = group + w.lines_bytes;
-    const int64_t first = (g - g0) * nb;  // the group's first block in the call's count
-    __m512 acc[8];
-    for (int m = 0; m < 8; ++m) acc[m] = _mm512_setzero_ps();
-    auto epilogue = [&](const int32_t* cb, int64_t b) {  // C's rows: q1 sums of the M rows, then q2's
-      if constexpr (Lay::kNibbles) split(first + b + kAhead);
-      tiles::prefetch_block<Lay>(w, next, b);  // the next group's block b (a group ahead: ~6-16 KB)
-      tiles::accumulate_block<Lay, 8>(cb, cb + 16 * M, static_cast<int>(M), scales, s, sx, sumq, nb, b, acc);
-    };
-    // B of block b: its ring slot (Q4) or its 8 lines in the group (Q8_0).
-    auto btile = [&](int64_t b) -> const uint8_t* {
-      if constexpr (Lay::kNibbles) return ring + 512 * ((first + b) % kRing);
-      return group + 512 * b;
-    };
-    // Tile numbers are immediates (pasted into the instruction's text): a macro. The memory clobber: the
-    // ring's stores before the tile load that reads them.
-#define VOXLANE_R16B_PRODUCT(C, A, Bt, b)     \
-  do {                                        \
-    __asm__ volatile("" ::: "memory");        \
-    _tile_zero(C);                            \
-    _tile_loadd(Bt, btile(b), 64);            \
-    _tile_loadd(A, q + kBlock * (b), K);      \
-    _tile_dpbsud(C, A, Bt);                   \
+  int64_t g = g0, b = 0;  // the group and block of the next epilogue
+  const uint8_t* scales = w.group(g) + w.lines_bytes;
+  const uint8_t* next = w.group(std::min(g + 1, groups - 1));
+  __m512 acc[8];
+  for (int m = 0; m < 8; ++m) acc[m] = _mm512_setzero_ps();
+  // Tile numbers are immediates (pasted into the instruction's text): macros. The empty asm reads the B
+  // tile's 512 bytes: the ring's stores before the tile load that reads them (gcc's tile loads say
+  // nothing of memory; the "memory" clobber this had also made every value the compiler kept in memory
+  // be written back and reloaded around each product).
+#define VOXLANE_R16B_PRODUCT(C, A, Bt, i)                                              \
+  do {                                                                                 \
+    __asm__ volatile("" ::"m"(*reinterpret_cast<const uint8_t(*)[512]>(btile(i))));   \
+    _tile_zero(C);                                                                     \
+    _tile_loadd(Bt, btile(i), 64);                                                     \
+    _tile_loadd(A, q + kBlock * ((i) % nb), K);                                        \
+    _tile_dpbsud(C, A, Bt);                                                            \
   } while (0)
-    VOXLANE_R16B_PRODUCT(0, 2, 4, 0);
-    VOXLANE_TILE_STORE(0, c[0]);
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {  // bank 0 (c[0]) holds block b, stored
-      VOXLANE_R16B_PRODUCT(1, 3, 5, b + 1);
-      epilogue(c[0], b);
-      VOXLANE_TILE_STORE(1, c[1]);
-      const bool more = b + 2 < nb;
-      if (more) VOXLANE_R16B_PRODUCT(0, 2, 4, b + 2);
-      epilogue(c[1], b + 1);
-      if (more) VOXLANE_TILE_STORE(0, c[0]);
-    }
-    if (b < nb) epilogue(c[0], b);  // an odd block count: the last block, in bank 0
-#undef VOXLANE_R16B_PRODUCT
-    for (int m = 0; m < M; ++m) _mm512_storeu_ps(y + m * ldy + g * kRows, acc[m]);
+  // Block j's epilogue (C's rows: q1 sums of the M rows, then q2's), then its group's rows out after its
+  // last block.
+#define VOXLANE_R16B_EPILOGUE(j)                                                                                    \
+  do {                                                                                                              \
+    if constexpr (Lay::kNibbles) split((j) + kAhead);                                                               \
+    tiles::prefetch_block<Lay>(w, next, b); /* the next group's block b (a group ahead: ~6-16 KB) */                \
+    const int32_t* cb = c[(j) % 3];                                                                                 \
+    tiles::accumulate_block<Lay, 8>(cb, cb + 16 * M, static_cast<int>(M), scales, s, sx, sumq, nb, b, acc);         \
+    if (++b == nb) {                                                                                                \
+      _Pragma("GCC unroll 8") for (int m = 0; m < 8; ++m) {                                                         \
+        if (m < M) _mm512_storeu_ps(y + m * ldy + g * kRows, acc[m]);                                               \
+        acc[m] = _mm512_setzero_ps();                                                                               \
+      }                                                                                                             \
+      b = 0;                                                                                                        \
+      if (++g < g1) {                                                                                               \
+        scales = w.group(g) + w.lines_bytes;                                                                        \
+        next = w.group(std::min(g + 1, groups - 1));                                                                \
+      }                                                                                                             \
+    }                                                                                                               \
+  } while (0)
+  // Block j = i + k (k = j % 4): C tile k. Stores block j + 1 (C tile (k + 1) % 4), issues block j + 3's
+  // product (C tile (k + 3) % 4, A and B tiles of parity (k + 1) % 2), then block j's epilogue.
+#define VOXLANE_R16B_STEP(k, C1, C3, A3, B3)                                    \
+  do {                                                                          \
+    const int64_t j = i + (k);                                                  \
+    if (j + 1 < total) VOXLANE_TILE_STORE(C1, c[(j + 1) % 3]);                  \
+    if (j + 3 < total) VOXLANE_R16B_PRODUCT(C3, A3, B3, j + 3);                 \
+    VOXLANE_R16B_EPILOGUE(j);                                                   \
+    if (j + 1 == total) goto done;                                              \
+  } while (0)
+  VOXLANE_R16B_PRODUCT(0, 4, 6, 0);
+  if (total > 1) VOXLANE_R16B_PRODUCT(1, 5, 7, 1);
+  if (total > 2) VOXLANE_R16B_PRODUCT(2, 4, 6, 2);
+  VOXLANE_TILE_STORE(0, c[0]);
+  for (int64_t i = 0;; i += 4) {
+    VOXLANE_R16B_STEP(0, 1, 3, 5, 7);
+    VOXLANE_R16B_STEP(1, 2, 0, 4, 6);
+    VOXLANE_R16B_STEP(2, 3, 1, 5, 7);
+    VOXLANE_R16B_STEP(3, 0, 2, 4, 6);
   }
+done:;
+#undef VOXLANE_R16B_STEP
+#undef VOXLANE_R16B_EPILOGUE
+#undef VOXLANE_R16B_PRODUCT
   // No _tile_release: every user of the tiles loads its own configuration first (q8_matmul.h,
   // prefill_gemm.h, r16_tiles.h, here), and a decode step calls this once per task and linear.
 }
