@@ -4,7 +4,8 @@ tokens each, tokens / wall) in one engine, with its wall split per engine step: 
 Per run it prints the aggregate and where the wall went: the prompt steps (how many rows, in how many
 chunks, mixed with decode rows or not), the decode steps (their count and median time in the native call)
 and the rest of each step (Python: plan, sampling, outputs; wall time, so under load it holds waits for the
-CPU too). ``--ab-batch-tiles`` alternates the decoding batches' AMX tiles (engine/r16_batch.h) with the
+CPU too), and the run's CPU time (every thread's: under load, what an A/B of the work itself reads; with
+two threads it holds the step pool's spinning too). ``--ab-batch-tiles`` alternates the decoding batches' AMX tiles (engine/r16_batch.h) with the
 VNNI kernel run by run (order reversed every other round) and prints the medians; ``--json`` prints one
 JSON object with every run's split instead.
 """
@@ -68,12 +69,15 @@ def main(argv: list[str] | None = None) -> int:
 
     runner.decoder, runner.run, engine.step = Timed(), run, step
 
+    cpu = [0.0]  # the last run's CPU seconds, every thread of the process (the engine's and the pool's)
+
     def batch_run() -> float:
         steps.clear()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         streams = [engine.submit(p, greedy, ignore_eos=True) for p in batch_prompts(args.batch)]
         for s in streams:
             s.text()
+        cpu[0] = time.process_time() - cpu_start
         return sum(len(s.output_ids) for s in streams) / (max(s.finished_at for s in streams) - start)
 
     def split(arm: str, round_: int, aggregate: float) -> dict:
@@ -81,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         prompt = [s for s in steps if s["prompt_rows"]]
         decode = [s for s in steps if not s["prompt_rows"]]
         total = sum(s.get("wall", 0.0) for s in steps)
-        return {"arm": arm, "round": round_, "tok_s": aggregate,
+        return {"arm": arm, "round": round_, "tok_s": aggregate, "cpu_ms": cpu[0] * 1e3,
                 "prompt_steps": [{"rows": s["prompt_rows"], "chunks": s["chunks"], "decode_rows": s["decode_rows"],
                                   "native_ms": s["native"] * 1e3} for s in prompt],
                 "decode_steps": len(decode),
@@ -95,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{s['native_ms']:.0f} ms" for s in run["prompt_steps"])
               + f"; {run['decode_steps']} decode steps, native median {run['decode_native_median_ms']:.2f} ms "
               f"(sum {run['decode_native_ms']:.0f}); the rest of the steps {run['rest_ms']:.0f} ms of "
-              f"{run['wall_ms']:.0f}", flush=True)
+              f"{run['wall_ms']:.0f}; {run['cpu_ms']:.0f} ms CPU", flush=True)
 
     ops = torch.ops.voxlane
     arms = ("tiles", "vnni") if args.ab_batch_tiles else ("as built",)
