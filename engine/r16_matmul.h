@@ -97,8 +97,10 @@ inline __m512 reduce_lanes16(const __m512 (&v)[16], Op op) {
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
 }
 
-// Blocks from which quantize_blocks takes 16 at a time (fewer: quantize's one block at a time).
-constexpr int kQuantizeTogether = 4;
+// Blocks from which quantize_blocks takes 16 at a time (fewer: one block at a time). Why 6 (same-process
+// micro-benchmark, 1 thread, load ~3.9): 4 blocks of a row 0.98x the block-by-block time, 5 0.93x, 6
+// 0.85x; a column of 4 rows 1.02x, 5 1.07x, 6 0.95x, 8 0.85x, 43 0.73x.
+constexpr int kQuantizeTogether = 6;
 
 // n <= 16 blocks of 32 values, block i at x + i * ldx, into row i * row_step of xi at value c0 + i * c_step:
 // quantize's outputs for each (the same fp32 divisions, products and roundings per block; max and integer
