@@ -519,8 +519,9 @@ class StepWork : public PhasedWork {
             const Q8Rows row = buf.actq.at_row(b);
             quantize_q8(o + a0, a1 - a0, row.q + a0, row.d + a0 / kQ8, row.s + a0 / kQ8);
           }
-          if (buf.acti.q1) r16::quantize(o + a0, a1 - a0, buf.acti.at_row(b), a0);
         }
+        if (buf.acti.q1)  // this task's blocks of 32 of every row, 16 rows at a time
+          for (int64_t c = a0; c < a1; c += r16::kBlock) r16::quantize_column(buf.act + c, T, I, buf.acti, c);
         return;
       }
       default: return layer.down.run(buf.act, T, buf.delta, D, u0 * kRows, std::min(D, u1 * kRows), q8(buf.actq),

@@ -8,6 +8,9 @@
 //                                                            VNNI kernel, -1 as the step chooses, 2 the
 //                                                            decoding batches' tiles (r16_batch.h, M <= 8)
 //   quant_r16_pack_(w, format, K) -> w                    w's blocks rewritten in the R16 layout, in place
+//   quantize_i16(x [M, K], how) -> [q1, q2 int8 [M, K], s, sx [M, K / 32] f32, sumq int32]   x's int16
+//                                                            blocks (r16_matmul.h): how 0 one block at a
+//                                                            time, 1 quantize_rows, 2 quantize_column (tests)
 //   quant_linear_bf16x(x, w, format, K, row_scale?, bias?)   bf16 activations where the format has them
 //                                                            (prefill_gemm.h; bf16_activation_tiles(format))
 //                                                            (from 16 rows: AMX int8 tiles where q8_activation_tiles)
@@ -17,6 +20,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include <vector>
 
 #include "q8_matmul.h"
 #include "quant_matmul.h"
@@ -108,6 +113,30 @@ at::Tensor quant_linear_q8(const at::Tensor& x, const at::Tensor& w, int64_t for
     matvec_q8(q, rows, M, yp, N, t0 * kRowsPerTask, std::min(N, t1 * kRowsPerTask));
   });
   return y;
+}
+
+// x [M, K] (K % 32 == 0) as int16 blocks, made one block at a time (how 0: r16::quantize per block), by
+// rows (1: quantize_rows) or by columns of blocks (2: quantize_column, as the step's gate/up tasks): tests.
+std::vector<at::Tensor> quantize_i16(const at::Tensor& x, int64_t how) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) % r16::kBlock == 0 &&
+                  how >= 0 && how <= 2,
+              "x: contiguous float32 [M, K % 32 == 0]; how 0, 1 or 2");
+  const int64_t M = x.size(0), K = x.size(1), nb = K / r16::kBlock;
+  at::Tensor q1 = at::empty({M, K}, x.options().dtype(at::kChar)), q2 = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor s = at::empty({M, nb}, x.options()), sx = at::empty({M, nb}, x.options());
+  at::Tensor sumq = at::empty({M, nb}, x.options().dtype(at::kInt));
+  const r16::I16Rows rows{q1.data_ptr<int8_t>(), q2.data_ptr<int8_t>(), s.data_ptr<float>(), sx.data_ptr<float>(),
+                          sumq.data_ptr<int32_t>(), K};
+  const float* xp = x.data_ptr<float>();
+  if (how == 1) {
+    r16::quantize_rows(xp, M, K, rows);
+  } else if (how == 2) {
+    for (int64_t c = 0; c < K; c += r16::kBlock) r16::quantize_column(xp + c, M, K, rows, c);
+  } else {
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t c = 0; c < K; c += r16::kBlock) r16::quantize(xp + m * K + c, r16::kBlock, rows.at_row(m), c);
+  }
+  return {q1, q2, s, sx, sumq};
 }
 
 // Whether format's int8-activation products of 16+ rows run in AMX int8 tiles here (q8_matmul.h).
@@ -265,6 +294,7 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
   m.def("set_r16_batch_tiles(bool allowed) -> bool", &voxlane::set_r16_batch_tiles);
   m.def("r16_layout(int format) -> bool", &voxlane::r16_layout);
   m.def("quant_r16_pack_(Tensor(a!) w, int format, int cols) -> Tensor(a!)");
+  m.def("quantize_i16(Tensor x, int how) -> Tensor[]");
   m.def("quant_linear_bf16x(Tensor x, Tensor w, int format, int cols, Tensor? row_scale, Tensor? bias) -> Tensor");
   m.def("bf16_activation_tiles(int format) -> bool", &voxlane::bf16_activation_tiles);
   m.def("q8_activation_tiles(int format) -> bool", &voxlane::q8_activation_tiles);
@@ -279,6 +309,7 @@ TORCH_LIBRARY_IMPL(voxlane, CPU, m) {
   m.impl("quant_linear_bf16x", &voxlane::quant_linear_bf16x);
   m.impl("quant_linear_i16", &voxlane::quant_linear_i16);
   m.impl("quant_r16_pack_", &voxlane::quant_r16_pack_);
+  m.impl("quantize_i16", &voxlane::quantize_i16);
   m.impl("quant_linear_r16", &voxlane::quant_linear_r16);
   m.impl("quant_dequantize", &voxlane::quant_dequantize);
   m.impl("quant_embedding", &voxlane::quant_embedding);

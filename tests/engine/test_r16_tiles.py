@@ -80,6 +80,27 @@ def test_random_blocks(tiles, format, cols):
         check_tiles(tiles, weight, mean)
 
 
+@pytest.mark.parametrize("format", [fmt.Q4_0, fmt.Q4_1, fmt.Q8_0], ids=lambda f: fmt.NAMES[f])
+def test_every_row_count_equals_vnni(tiles, format):
+    """The tile kernel runs each block of up to 16 activation rows in code compiled for its row count
+    (1-16: the accumulators in registers); every count's outputs are bit-equal to the VNNI kernel's on
+    the same R16 bytes (the same integer sums and fp32 steps in the same order), alone (M = 1-16) and as
+    the last block after full ones (M = 17-32), over 19 blocks (an odd count: the last block after the
+    loop's pairs) and 2 blocks (one pair: one per bank of A and B tiles)."""
+    g = torch.Generator().manual_seed(format * 7 + 1)
+    for cols in (608, 64):
+        weight = QuantWeight(format, random_blocks(format, 32, cols, g).contiguous(), cols)
+        packed = weight.blocks.clone()
+        tiles.quant_r16_pack_(packed, weight.format, weight.cols)
+        x = torch.randn(32, cols, generator=g) + 0.5
+        for M in range(1, 33):
+            before = tiles.r16_tile_calls()
+            got = tiles.quant_linear_r16(x[:M].contiguous(), packed, format, cols, 1)
+            assert tiles.r16_tile_calls() > before
+            vnni = tiles.quant_linear_r16(x[:M].contiguous(), packed, format, cols, 0)
+            assert torch.equal(got, vnni), f"{fmt.NAMES[format]}, K {cols}, {M} rows: {(got - vnni).abs().max().item():.3e}"
+
+
 def test_step_prompt_in_tiles(tiles, smollm2_native):
     """The one-call step, int16 activations on: a 43-token prompt chunk runs its R16 matrices in the
     tiles, and its k/v and logits stay at the fp32-activation step's (every row's argmax, within 2e-3
