@@ -49,9 +49,12 @@ inline const amx::TileConfig& config(int M) {
 
 // y[m, n] = x^[m] . W[n] for weight rows [n0, n1) (multiples of 16) and the M (1-8) rows of x, whose q2
 // follows its q1 (x.q2 == x.q1 + M K).
-template <class B>
-inline void matmul(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+// kM > 0: M == kM at compile time, so the M accumulators stay in registers (with a run-time row count gcc
+// kept them on the stack: a load and a store per row and block); kM == 0: any M (1-8).
+template <class B, int kM = 0>
+inline void matmul(const Weight& w, const I16Rows& x, int64_t rows, float* y, int64_t ldy, int64_t n0, int64_t n1) {
   using Lay = Layout<B>;
+  const int64_t M = kM > 0 ? kM : rows;
   const int64_t K = x.K, nb = w.nblocks, groups = w.rows / kRows;
   // The call's blocks i = 0..total-1 (group g0 + i / nb, its block i % nb) in one pipeline across its
   // groups: while block i's epilogue runs, block i + 1's C tile has just been stored and the products
@@ -85,8 +88,26 @@ inline void matmul(const Weight& w, const I16Rows& x, int64_t M, float* y, int64
   int64_t g = g0, b = 0;  // the group and block of the next epilogue
   const uint8_t* scales = w.group(g) + w.lines_bytes;
   const uint8_t* next = w.group(std::min(g + 1, groups - 1));
-  __m512 acc[8];
-  for (int m = 0; m < 8; ++m) acc[m] = _mm512_setzero_ps();
+  constexpr int kAcc = kM > 0 ? kM : 8;
+  std::array<__m512, kAcc> acc;
+  tiles::each_row<kAcc>([&](auto m) __attribute__((always_inline)) { std::get<m.value>(acc) = _mm512_setzero_ps(); });
+  // Block b's epilogue for the M rows (C's rows: q1 sums at cb, q2 sums at cb + 16 M).
+  auto accumulate = [&](const int32_t* cb) __attribute__((always_inline)) {
+    if constexpr (kM > 0) {
+      __m512 d, mn;
+      tiles::block_scales<Lay>(scales, b, d, mn);
+      tiles::accumulate_rows<Lay, kM>(cb, cb + 16 * kM, d, mn, s, sx, sumq, nb, b, acc);
+    } else {
+      tiles::accumulate_block<Lay, 8>(cb, cb + 16 * M, static_cast<int>(M), scales, s, sx, sumq, nb, b, acc.data());
+    }
+  };
+  // The group's rows out (y's column block g), the accumulators zeroed for the next group.
+  auto store_group = [&]() __attribute__((always_inline)) {
+    tiles::each_row<kAcc>([&](auto m) __attribute__((always_inline)) {
+      if (kM > 0 || m.value < M) _mm512_storeu_ps(y + m.value * ldy + g * kRows, std::get<m.value>(acc));
+      std::get<m.value>(acc) = _mm512_setzero_ps();
+    });
+  };
   // Tile numbers are immediates (pasted into the instruction's text): macros. The empty asm reads the B
   // tile's 512 bytes: the ring's stores before the tile load that reads them (gcc's tile loads say
   // nothing of memory; the "memory" clobber this had also made every value the compiler kept in memory
@@ -105,13 +126,9 @@ inline void matmul(const Weight& w, const I16Rows& x, int64_t M, float* y, int64
   do {                                                                                                              \
     if constexpr (Lay::kNibbles) split((j) + kAhead);                                                               \
     tiles::prefetch_block<Lay>(w, next, b); /* the next group's block b (a group ahead: ~6-16 KB) */                \
-    const int32_t* cb = c[(j) % 3];                                                                                 \
-    tiles::accumulate_block<Lay, 8>(cb, cb + 16 * M, static_cast<int>(M), scales, s, sx, sumq, nb, b, acc);         \
+    accumulate(c[(j) % 3]);                                                                                         \
     if (++b == nb) {                                                                                                \
-      _Pragma("GCC unroll 8") for (int m = 0; m < 8; ++m) {                                                         \
-        if (m < M) _mm512_storeu_ps(y + m * ldy + g * kRows, acc[m]);                                               \
-        acc[m] = _mm512_setzero_ps();                                                                               \
-      }                                                                                                             \
+      store_group();                                                                                                \
       b = 0;                                                                                                        \
       if (++g < g1) {                                                                                               \
         scales = w.group(g) + w.lines_bytes;                                                                        \
@@ -188,7 +205,10 @@ inline void batch_product(const Weight& w, const I16Rows& x, int64_t M, float* y
 #if defined(VOXLANE_R16_TILES)
   if (forced ? batch_tiles_usable(x, M) : batch_tiles_run(x, M)) {
     gguf::with_format(w.format, [&](auto block) {
-      if constexpr (has_layout<decltype(block)>()) batch::matmul<decltype(block)>(w, x, M, y, ldy, n0, n1);
+      if constexpr (has_layout<decltype(block)>()) {
+        if (M == 8) return batch::matmul<decltype(block), 8>(w, x, M, y, ldy, n0, n1);  // the step's batches
+        batch::matmul<decltype(block)>(w, x, M, y, ldy, n0, n1);
+      }
     });
     return;
   }
