@@ -221,6 +221,9 @@ class NativeDecoder : public torch::CustomClassHolder {
   // Steps run on one thread because helper threads stalled under contention (engine/step_pool.h).
   int64_t solo_steps() const { return pool_.solo_steps(); }
   void set_stall_fallback(bool on) { pool_.set_stall_fallback(on); }
+  // Another step follows within about `us` microseconds: the step pool's helpers stay awake for it
+  // (StepPool::expect_step; us <= 0: they may sleep).
+  void expect_step(int64_t us) { pool_.expect_step(us); }
 
   // Int8 activations for the GGUF-format weights (q8_matmul.h); off: fp32 activations.
   void set_int8_activations(bool on) {
@@ -708,6 +711,7 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("num_layers", &voxlane::NativeDecoder::num_layers)
       .def("solo_steps", &voxlane::NativeDecoder::solo_steps)
       .def("set_stall_fallback", &voxlane::NativeDecoder::set_stall_fallback)
+      .def("expect_step", &voxlane::NativeDecoder::expect_step)
       .def("set_int8_activations", &voxlane::NativeDecoder::set_int8_activations)
       .def("int8_activations", &voxlane::NativeDecoder::int8_activations)
       .def("set_bf16_activations", &voxlane::NativeDecoder::set_bf16_activations)

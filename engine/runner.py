@@ -53,6 +53,11 @@ def per_chunk(logits: Tensor | None, num_chunks: int, wanted: list[int], num_inn
     return out + [logits[len(wanted) + k] for k in range(num_inner)]
 
 
+# How long the one-call step's helper threads stay awake for a step the engine says follows (expect_step):
+# the engine's Python between two decode steps takes ~0.1-0.3 ms; a step later than this is not "soon".
+EXPECT_STEP_US = 2000
+
+
 class ModelRunner:
     """Runs prefill chunks and decode batches of our ``Transformer`` against a ``KVCache``, and
     samples each sequence's next token from the logits."""
@@ -100,6 +105,12 @@ class ModelRunner:
         if seqs:
             self._sample(decode_logits, seqs, result)
         return result
+
+    def expect_step(self, follows: bool) -> None:
+        """Whether the engine runs another step at once: the one-call step's helper threads stay awake
+        for it (woken now if asleep; ``NativeDecoder.expect_step``), or may sleep (no step follows)."""
+        if self.decoder is not None:
+            self.decoder.expect_step(EXPECT_STEP_US if follows else 0)
 
     def _sample(self, logits: Tensor, seqs: list[Sequence], result: RunResult) -> None:
         """One token per sequence from logits [B, V], the whole batch at once. When that raises (a
