@@ -10,6 +10,7 @@ each sequence reads exactly its own length.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -103,7 +104,9 @@ class ModelRunner:
             else:
                 self._sample(logits[None], [seq], result)
         if seqs:
-            self._sample(decode_logits, seqs, result)
+            # the one-call step found its logits rows' argmax (the decode rows are the last)
+            argmax = (lambda: self.decoder.argmax()[-len(seqs):]) if self.fused_decode else None
+            self._sample(decode_logits, seqs, result, argmax)
         return result
 
     def expect_step(self, follows: bool) -> None:
@@ -112,12 +115,14 @@ class ModelRunner:
         if self.decoder is not None:
             self.decoder.expect_step(EXPECT_STEP_US if follows else 0)
 
-    def _sample(self, logits: Tensor, seqs: list[Sequence], result: RunResult) -> None:
-        """One token per sequence from logits [B, V], the whole batch at once. When that raises (a
-        row's own settings, e.g. a seed torch cannot take), the rows are sampled one by one and only
-        the failing sequence goes to ``result.failed``: a fault one request causes is its own."""
+    def _sample(self, logits: Tensor, seqs: list[Sequence], result: RunResult,
+                argmax: Callable[[], list[int]] | None = None) -> None:
+        """One token per sequence from logits [B, V] (``argmax``: gives each row's, when known), the whole batch
+        at once. When that raises (a row's own settings, e.g. a seed torch cannot take), the rows are
+        sampled one by one and only the failing sequence goes to ``result.failed``: a fault one request
+        causes is its own."""
         try:
-            result.tokens += zip(seqs, self.sampler.sample(logits, seqs))
+            result.tokens += zip(seqs, self.sampler.sample(logits, seqs, argmax))
             return
         except Exception:  # some row's own settings: sample row by row to find it
             pass
