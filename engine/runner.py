@@ -72,6 +72,7 @@ class ModelRunner:
         self.decoder = native_step.build_decoder(model, kv_cache.tensors) if self.fused_decode else None
         self.group = model.args.num_heads // model.args.num_kv_heads  # R query heads per kv head
         self._decode_forward = model.forward
+        self._decode_rows: dict[int, tuple[Tensor, ...]] = {}  # decode(): the step's inputs by batch size
         if compile:
             # dynamic=True: batch size and cache length change every step; one graph for all.
             self._decode_forward = torch.compile(model.forward, dynamic=True)
@@ -203,8 +204,7 @@ class ModelRunner:
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> Tensor:
         """One new token per sequence (slots sorted ascending) -> logits [B, V]."""
         if self.fused_decode:  # prefill_and_decode without chunks, minus its ~30 us of list and tensor work
-            logits = self.decoder.step(torch.tensor(token_ids), torch.tensor(positions), torch.tensor(slots),
-                                       torch.arange(len(slots)))
+            logits = self.decoder.step(*self._decode_inputs(token_ids, positions, slots))
             for slot, position in zip(slots, positions):
                 self.kv_cache.note_written(slot, position + 1)
             return logits
@@ -226,3 +226,16 @@ class ModelRunner:
         for slot, position in zip(slots, positions):
             self.kv_cache.note_written(slot, position + 1)
         return self.model.logits(hidden[:, 0])
+
+    def _decode_inputs(self, token_ids: list[int], positions: list[int], slots: list[int]) -> tuple[Tensor, ...]:
+        """The one-call step's (tokens, positions, slots, logit rows) of a decode batch: views of one int64
+        buffer per batch size, written in place (the step reads them during the call only), instead of
+        four new tensors a step (~14 us)."""
+        B = len(slots)
+        rows = self._decode_rows.get(B)
+        if rows is None:
+            buffer = torch.zeros(4, B, dtype=torch.long)
+            buffer[3] = torch.arange(B)  # every row's logits
+            rows = self._decode_rows[B] = (*buffer, buffer.numpy())
+        rows[4][:3] = (token_ids, positions, slots)
+        return rows[:4]

@@ -336,3 +336,22 @@ def test_greedy_decoding_takes_the_steps_argmax(native_model, monkeypatch):
     ran = runner.run(StepPlan(decode=seqs))
     assert [token for _, token in ran.tokens] == logits.numpy().argmax(-1).tolist()
 
+
+def test_decode_steps_write_their_inputs_into_the_same_tensors(native_model):
+    """A decode batch's tokens, positions, slots and logit rows go to the one-call step in tensors made once
+    per batch size and rewritten in place (four new tensors a step were ~14 us of the engine's Python)."""
+    runner = ModelRunner(native_model, KVCache(native_model.args, 4, 64, torch.float32))
+    decoder, calls = runner.decoder, []
+
+    class Spy:
+        def step(self, *inputs):
+            calls.append([(t.data_ptr(), t.tolist()) for t in inputs])
+            return decoder.step(*inputs)
+
+    runner.decoder = Spy()
+    for i in range(3):
+        runner.decode([1, 3], [7 + i, 9 + i], [i, i])
+    runner.decode([2], [5], [0])
+    assert [[values for _, values in c] for c in calls] == [
+        [[7 + i, 9 + i], [i, i], [1, 3], [0, 1]] for i in range(3)] + [[[5], [0], [2], [0]]]
+    assert len({tuple(ptr for ptr, _ in c) for c in calls[:3]}) == 1  # the same four tensors each step
