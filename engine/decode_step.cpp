@@ -224,6 +224,8 @@ class NativeDecoder : public torch::CustomClassHolder {
   // The first maximum of each logits row of the last step (numpy's / torch's argmax, a NaN first), found
   // by the LM head's tasks while their logits are in cache: a greedy sampler reads no logits.
   std::vector<int64_t> argmax() const { return argmax_; }
+  // This object's address, for the C calls below (engine/native_step.py's GreedyCalls).
+  int64_t address() const { return reinterpret_cast<int64_t>(this); }
   // Another step follows within about `us` microseconds: the step pool's helpers stay awake for it
   // (StepPool::expect_step; us <= 0: they may sleep).
   void expect_step(int64_t us) { pool_.expect_step(us); }
@@ -722,6 +724,29 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
 
 }  // namespace voxlane
 
+// A greedy decode step and expect_step as plain C functions, called through ctypes by the engine's
+// loop (engine/native_step.py): after a step has streamed its ~100 MB of weights through the caches,
+// calling a custom-class method from Python took 60-100 us at load 4 (its call path is out of cache:
+// argument matching, IValue conversions, the returned tensor's wrapping), a ctypes call 10-17 us.
+// inputs: tokens, positions, slots and logit rows of a decode batch, [B] int64 each, one after another;
+// argmax: [B], each row's argmax (the logits themselves are not returned). Returns nullptr, or the
+// error's message (valid until this thread's next call).
+extern "C" const char* voxlane_greedy_step(voxlane::NativeDecoder* decoder, int64_t* inputs, int64_t B, int64_t* argmax) {
+  thread_local std::string error;
+  try {
+    const auto rows = [&](int64_t k) { return at::from_blob(inputs + k * B, {B}, at::kLong); };
+    decoder->step(rows(0), rows(1), rows(2), rows(3));
+    const std::vector<int64_t> found = decoder->argmax();
+    std::copy(found.begin(), found.end(), argmax);
+    return nullptr;
+  } catch (const std::exception& e) {
+    error = e.what();
+    return error.c_str();
+  }
+}
+
+extern "C" void voxlane_expect_step(voxlane::NativeDecoder* decoder, int64_t us) { decoder->expect_step(us); }
+
 TORCH_LIBRARY_FRAGMENT(voxlane, m) {
   m.class_<voxlane::NativeDecoder>("NativeDecoder")
       .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, int64_t, at::Tensor, at::Tensor,
@@ -734,6 +759,7 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("set_stall_fallback", &voxlane::NativeDecoder::set_stall_fallback)
       .def("expect_step", &voxlane::NativeDecoder::expect_step)
       .def("argmax", &voxlane::NativeDecoder::argmax)
+      .def("address", &voxlane::NativeDecoder::address)
       .def("set_int8_activations", &voxlane::NativeDecoder::set_int8_activations)
       .def("int8_activations", &voxlane::NativeDecoder::int8_activations)
       .def("set_bf16_activations", &voxlane::NativeDecoder::set_bf16_activations)

@@ -10,7 +10,6 @@ each sequence reads exactly its own length.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -70,6 +69,8 @@ class ModelRunner:
         # The one-call decode step needs the model's kernels (torch.ops.voxlane) and fp32 activations.
         self.fused_decode = native_step.supports(model, kv_cache.tensors)
         self.decoder = native_step.build_decoder(model, kv_cache.tensors) if self.fused_decode else None
+        # The engine loop's greedy decode steps and expect_step as C calls (GreedyCalls: cheaper per step).
+        self._greedy = native_step.GreedyCalls(self.decoder) if self.decoder is not None else None
         self.group = model.args.num_heads // model.args.num_kv_heads  # R query heads per kv head
         self._decode_forward = model.forward
         self._decode_rows: dict[int, tuple[Tensor, ...]] = {}  # decode(): the step's inputs by batch size
@@ -89,6 +90,8 @@ class ModelRunner:
         inner = inner_probes(plan.prefills)  # requests that generate, probed inside their prompt
         inner_rows = [row for _, row in inner]
         seqs = plan.decode
+        if seqs and not chunks and self._greedy is not None and self.sampler.all_greedy(seqs):
+            return self._decode_greedy(seqs, result)
         decode = ([s.slot for s in seqs], [s.last_token for s in seqs], [s.num_tokens - 1 for s in seqs])
         if chunks and seqs and self.fused_decode:
             prefill_logits, decode_logits = self.prefill_and_decode(chunks, *decode, inner_rows=inner_rows)
@@ -105,25 +108,32 @@ class ModelRunner:
             else:
                 self._sample(logits[None], [seq], result)
         if seqs:
-            # the one-call step found its logits rows' argmax (the decode rows are the last)
-            argmax = (lambda: self.decoder.argmax()[-len(seqs):]) if self.fused_decode else None
-            self._sample(decode_logits, seqs, result, argmax)
+            self._sample(decode_logits, seqs, result)
+        return result
+
+    def _decode_greedy(self, seqs: list[Sequence], result: RunResult) -> RunResult:
+        """A decode batch of greedy sequences: the one-call step through C calls, its argmax per row
+        the tokens (the sampler would take the same; the logits stay in the step)."""
+        slots = [s.slot for s in seqs]
+        positions = [s.num_tokens - 1 for s in seqs]
+        tokens = self._greedy.step([s.last_token for s in seqs], positions, slots)
+        for slot, position in zip(slots, positions):
+            self.kv_cache.note_written(slot, position + 1)
+        result.tokens += zip(seqs, tokens)
         return result
 
     def expect_step(self, follows: bool) -> None:
         """Whether the engine runs another step at once: the one-call step's helper threads stay awake
         for it (woken now if asleep; ``NativeDecoder.expect_step``), or may sleep (no step follows)."""
-        if self.decoder is not None:
-            self.decoder.expect_step(EXPECT_STEP_US if follows else 0)
+        if self._greedy is not None:
+            self._greedy.expect_step(EXPECT_STEP_US if follows else 0)
 
-    def _sample(self, logits: Tensor, seqs: list[Sequence], result: RunResult,
-                argmax: Callable[[], list[int]] | None = None) -> None:
-        """One token per sequence from logits [B, V] (``argmax``: gives each row's, when known), the whole batch
-        at once. When that raises (a row's own settings, e.g. a seed torch cannot take), the rows are
-        sampled one by one and only the failing sequence goes to ``result.failed``: a fault one request
-        causes is its own."""
+    def _sample(self, logits: Tensor, seqs: list[Sequence], result: RunResult) -> None:
+        """One token per sequence from logits [B, V], the whole batch at once. When that raises (a
+        row's own settings, e.g. a seed torch cannot take), the rows are sampled one by one and only
+        the failing sequence goes to ``result.failed``: a fault one request causes is its own."""
         try:
-            result.tokens += zip(seqs, self.sampler.sample(logits, seqs, argmax))
+            result.tokens += zip(seqs, self.sampler.sample(logits, seqs))
             return
         except Exception:  # some row's own settings: sample row by row to find it
             pass

@@ -6,8 +6,6 @@ seeded request produces the same tokens whatever else shares its batch.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 from torch import Tensor
 
@@ -93,11 +91,16 @@ class Sampler:
     def forget(self, seq_id: int) -> None:
         self.generators.pop(seq_id, None)
 
-    def sample(self, logits: Tensor, seqs: list[Sequence], argmax: Callable[[], list[int]] | None = None) -> list[int]:
-        """logits [B, V] float32 -> one token id per sequence (row). ``argmax``: gives each row's argmax
-        when the caller has it already (the one-call step finds it while the logits are in cache)."""
-        if all(s.sampling.is_greedy and s.sampling.is_plain for s in seqs):
-            return list(argmax()) if argmax is not None else greedy_tokens(logits)
+    @staticmethod
+    def all_greedy(seqs: list[Sequence]) -> bool:
+        """Whether every sequence takes its row's argmax (greedy, no penalties): then ``sample`` is
+        ``greedy_tokens``."""
+        return all(s.sampling.is_greedy and s.sampling.is_plain for s in seqs)
+
+    def sample(self, logits: Tensor, seqs: list[Sequence]) -> list[int]:
+        """logits [B, V] float32 -> one token id per sequence (row)."""
+        if self.all_greedy(seqs):
+            return greedy_tokens(logits)
         return [self._sample_row(logits[i], s) for i, s in enumerate(seqs)]
 
     def _sample_row(self, logits: Tensor, seq: Sequence) -> int:

@@ -316,8 +316,9 @@ def test_the_step_finds_numpys_argmax_of_its_logits(ops):
 
 
 def test_greedy_decoding_takes_the_steps_argmax(native_model, monkeypatch):
-    """The runner's greedy tokens of a decode batch are the one-call step's argmax (the sampler does not
-    read the logits again), and they are numpy's argmax of the same logits."""
+    """The runner's greedy tokens of a decode batch are the one-call step's argmax, through its C call
+    (``GreedyCalls``: no logits come back, the sampler does not read them), and they are numpy's argmax
+    of the same logits. A bad input raises the step's own message."""
     from engine import sampler
     from engine.scheduler import StepPlan
     from engine.sequence import Sequence
@@ -335,6 +336,8 @@ def test_greedy_decoding_takes_the_steps_argmax(native_model, monkeypatch):
     monkeypatch.setattr(sampler, "greedy_tokens", lambda _: pytest.fail("the logits were read again"))
     ran = runner.run(StepPlan(decode=seqs))
     assert [token for _, token in ran.tokens] == logits.numpy().argmax(-1).tolist()
+    with pytest.raises(RuntimeError, match="token id out of range"):
+        runner._greedy.step([10**9], [3], [0])
 
 
 def test_decode_steps_write_their_inputs_into_the_same_tensors(native_model):
