@@ -107,6 +107,51 @@ inline void write_kv(const AttentionArgs& a, int64_t t) {
   write_v(a, t / a.Hkv, t % a.Hkv);
 }
 
+// The first maximum of x[0, n) (its index first + i) as a key that orders as numpy's and torch's argmax
+// choose: a larger value is a larger key, of equal values (-0 equals 0) the earlier index, and a NaN
+// is above every number (the first NaN wins). The LM head's tasks find their rows' keys while the
+// logits are in cache; the step keeps the largest (a greedy sampler then reads no logits). 0: none.
+inline uint64_t argmax_key(const float* x, int64_t n, int64_t first) {
+  if (n <= 0) return 0;
+  int64_t at = -1;  // a NaN's index
+  float top = -INFINITY;
+  int64_t i = 0;
+#if defined(VOXLANE_GEMM)
+  __m512 top16 = _mm512_set1_ps(-INFINITY);
+  __mmask16 nan = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    top16 = _mm512_max_ps(top16, v);
+  }
+  if (!nan) top = _mm512_reduce_max_ps(top16);
+  else i = 0;  // a NaN: the scalar loop finds the first
+#endif
+  for (; i < n && at < 0; ++i) {
+    if (std::isnan(x[i])) at = i;
+    else top = std::max(top, x[i]);
+  }
+  uint32_t order = 0xffffffffu;  // a NaN's
+  if (at < 0) {  // the first of the maximum (top: a value of x, not a NaN)
+    at = 0;
+#if defined(VOXLANE_GEMM)
+    const __m512 wanted = _mm512_set1_ps(top);
+    __mmask16 equal = 0;
+    for (; at + 16 <= n && !(equal = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + at), wanted, _CMP_EQ_OQ)); at += 16) {}
+    if (equal) at += __builtin_ctz(equal);
+#endif
+    while (x[at] != top) ++at;
+    const float value = top + 0.f;     // -0 -> 0
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    order = bits & 0x80000000u ? ~bits : bits | 0x80000000u;
+  }
+  return (uint64_t(order) << 32) | (0xffffffffu - uint32_t(first + at));
+}
+
+// The index of a key of argmax_key.
+inline int64_t argmax_index(uint64_t key) { return int64_t(0xffffffffu - uint32_t(key)); }
+
 #if defined(VOXLANE_GEMM)
 // Attention's two products with 512-bit vectors, for a long row of keys (a prompt's rows attend up
 // to all of its keys; the plain loops above reduce each 64-value dot product to a float on its own

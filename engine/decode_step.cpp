@@ -221,6 +221,14 @@ class NativeDecoder : public torch::CustomClassHolder {
   // Steps run on one thread because helper threads stalled under contention (engine/step_pool.h).
   int64_t solo_steps() const { return pool_.solo_steps(); }
   void set_stall_fallback(bool on) { pool_.set_stall_fallback(on); }
+  // The first maximum of each logits row of the last step (numpy's / torch's argmax, a NaN first), found
+  // by the LM head's tasks while their logits are in cache: a greedy sampler reads no logits.
+  std::vector<int64_t> argmax() const { return argmax_; }
+  // This object's address, for the C calls below (engine/native_step.py's GreedyCalls).
+  int64_t address() const { return reinterpret_cast<int64_t>(this); }
+  // Another step follows within about `us` microseconds: the step pool's helpers stay awake for it
+  // (StepPool::expect_step; us <= 0: they may sleep).
+  void expect_step(int64_t us) { pool_.expect_step(us); }
 
   // Int8 activations for the GGUF-format weights (q8_matmul.h); off: fp32 activations.
   void set_int8_activations(bool on) {
@@ -289,6 +297,11 @@ class NativeDecoder : public torch::CustomClassHolder {
   int64_t r16_bytes_ = 0;
   std::array<std::atomic<int64_t>, 10> profile_ns_{};
   int64_t step_ns_ = 0;  // profiling: ns in step() calls
+  // The step's argmax keys (decode_ops.h's argmax_key) per worker and logits row, argmax_stride_ apart (a
+  // cache line or more between two workers'), and the last step's argmax per logits row.
+  std::vector<uint64_t> argmax_keys_;
+  int64_t argmax_stride_ = 0;
+  std::vector<int64_t> argmax_;
 
   void keep(std::initializer_list<at::Tensor> tensors) { owned_.insert(owned_.end(), tensors); }
 
@@ -466,9 +479,14 @@ class StepWork : public PhasedWork {
     const int64_t D = m.D, I = m.I;
     if (p >= m.layers * kPerLayer) {
       if (p == m.layers * kPerLayer) return final_norm();
-      const int64_t V = m.head.rows;
-      return m.head.run(buf.h_logits, n_logits, buf.logits, V, u0 * head_unit, std::min(V, u1 * head_unit), q8(buf.logitq),
-                        pack(worker, p), bf16x, i16(buf.logiti), descending);
+      const int64_t V = m.head.rows, n0 = u0 * head_unit, n1 = std::min(V, u1 * head_unit);
+      m.head.run(buf.h_logits, n_logits, buf.logits, V, n0, n1, q8(buf.logitq), pack(worker, p), bf16x, i16(buf.logiti),
+                 descending);
+      for (int64_t i = 0; i < n_logits; ++i) {  // the rows' first maxima so far, while these logits are in cache
+        uint64_t& best = m.argmax_keys_[worker * m.argmax_stride_ + i];
+        best = std::max(best, argmax_key(buf.logits + i * V + n0, n1 - n0, n0));
+      }
+      return;
     }
     const int64_t l = p / kPerLayer;
     const Layer& layer = m.layer_[l];
@@ -690,14 +708,45 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
                                  return r16::I16Rows{q, q + values, sc, sc + nb, reinterpret_cast<int32_t*>(sc + 2 * nb), width};
                                });
   }
+  argmax_stride_ = n + 8;
+  argmax_keys_.assign(threads * argmax_stride_, 0);
   StepWork work(*this, T, pos, slot, rows, n, buffers, threads);
   pool_.run(work, threads);
+  argmax_.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t best = 0;
+    for (int w = 0; w < threads; ++w) best = std::max(best, argmax_keys_[w * argmax_stride_ + i]);
+    argmax_[i] = argmax_index(best);
+  }
   if (profiling_)
     step_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count();
   return logits;
 }
 
 }  // namespace voxlane
+
+// A greedy decode step and expect_step as plain C functions, called through ctypes by the engine's
+// loop (engine/native_step.py): after a step has streamed its ~100 MB of weights through the caches,
+// calling a custom-class method from Python took 60-100 us at load 4 (its call path is out of cache:
+// argument matching, IValue conversions, the returned tensor's wrapping), a ctypes call 10-17 us.
+// inputs: tokens, positions, slots and logit rows of a decode batch, [B] int64 each, one after another;
+// argmax: [B], each row's argmax (the logits themselves are not returned). Returns nullptr, or the
+// error's message (valid until this thread's next call).
+extern "C" const char* voxlane_greedy_step(voxlane::NativeDecoder* decoder, int64_t* inputs, int64_t B, int64_t* argmax) {
+  thread_local std::string error;
+  try {
+    const auto rows = [&](int64_t k) { return at::from_blob(inputs + k * B, {B}, at::kLong); };
+    decoder->step(rows(0), rows(1), rows(2), rows(3));
+    const std::vector<int64_t> found = decoder->argmax();
+    std::copy(found.begin(), found.end(), argmax);
+    return nullptr;
+  } catch (const std::exception& e) {
+    error = e.what();
+    return error.c_str();
+  }
+}
+
+extern "C" void voxlane_expect_step(voxlane::NativeDecoder* decoder, int64_t us) { decoder->expect_step(us); }
 
 TORCH_LIBRARY_FRAGMENT(voxlane, m) {
   m.class_<voxlane::NativeDecoder>("NativeDecoder")
@@ -709,6 +758,9 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("num_layers", &voxlane::NativeDecoder::num_layers)
       .def("solo_steps", &voxlane::NativeDecoder::solo_steps)
       .def("set_stall_fallback", &voxlane::NativeDecoder::set_stall_fallback)
+      .def("expect_step", &voxlane::NativeDecoder::expect_step)
+      .def("argmax", &voxlane::NativeDecoder::argmax)
+      .def("address", &voxlane::NativeDecoder::address)
       .def("set_int8_activations", &voxlane::NativeDecoder::set_int8_activations)
       .def("int8_activations", &voxlane::NativeDecoder::int8_activations)
       .def("set_bf16_activations", &voxlane::NativeDecoder::set_bf16_activations)

@@ -237,10 +237,14 @@ class LLMEngine:
         for seq in plan.cancelled:
             self._close(seq)
         if plan.is_empty:
+            self.runner.expect_step(False)
             return did_work or bool(plan.cancelled)
         num_tokens = self._postprocess(plan, self.runner.run(plan))
         self._steps += 1
         self._record(num_tokens)
+        # A step follows at once while there is work: the native step's helper threads (asleep after a
+        # short spin, shorter than this Python between two steps) are woken now rather than by the step.
+        self.runner.expect_step(self.has_work)
         return True
 
     def _postprocess(self, plan: StepPlan, ran: RunResult) -> int:

@@ -62,6 +62,11 @@ def build_dir() -> Path:
     return Path(root) / build_key()
 
 
+def library_path() -> Path:
+    """The built kernels' shared library (for ctypes: engine/native_step.py's GreedyCalls)."""
+    return build_dir() / f"voxlane_kernels_{build_key()}.so"
+
+
 def load_kernels():
     """``torch.ops.voxlane`` with the fused kernels, building them first if needed; None (and the
     reason logged once) when they cannot be built here. Thread-safe; builds at most once per process."""

@@ -53,6 +53,11 @@ def per_chunk(logits: Tensor | None, num_chunks: int, wanted: list[int], num_inn
     return out + [logits[len(wanted) + k] for k in range(num_inner)]
 
 
+# How long the one-call step's helper threads stay awake for a step the engine says follows (expect_step):
+# the engine's Python between two decode steps takes ~0.1-0.3 ms; a step later than this is not "soon".
+EXPECT_STEP_US = 2000
+
+
 class ModelRunner:
     """Runs prefill chunks and decode batches of our ``Transformer`` against a ``KVCache``, and
     samples each sequence's next token from the logits."""
@@ -64,8 +69,11 @@ class ModelRunner:
         # The one-call decode step needs the model's kernels (torch.ops.voxlane) and fp32 activations.
         self.fused_decode = native_step.supports(model, kv_cache.tensors)
         self.decoder = native_step.build_decoder(model, kv_cache.tensors) if self.fused_decode else None
+        # The engine loop's greedy decode steps and expect_step as C calls (GreedyCalls: cheaper per step).
+        self._greedy = native_step.GreedyCalls(self.decoder) if self.decoder is not None else None
         self.group = model.args.num_heads // model.args.num_kv_heads  # R query heads per kv head
         self._decode_forward = model.forward
+        self._decode_rows: dict[int, tuple[Tensor, ...]] = {}  # decode(): the step's inputs by batch size
         if compile:
             # dynamic=True: batch size and cache length change every step; one graph for all.
             self._decode_forward = torch.compile(model.forward, dynamic=True)
@@ -82,6 +90,8 @@ class ModelRunner:
         inner = inner_probes(plan.prefills)  # requests that generate, probed inside their prompt
         inner_rows = [row for _, row in inner]
         seqs = plan.decode
+        if seqs and not chunks and self._greedy is not None and self.sampler.all_greedy(seqs):
+            return self._decode_greedy(seqs, result)
         decode = ([s.slot for s in seqs], [s.last_token for s in seqs], [s.num_tokens - 1 for s in seqs])
         if chunks and seqs and self.fused_decode:
             prefill_logits, decode_logits = self.prefill_and_decode(chunks, *decode, inner_rows=inner_rows)
@@ -100,6 +110,23 @@ class ModelRunner:
         if seqs:
             self._sample(decode_logits, seqs, result)
         return result
+
+    def _decode_greedy(self, seqs: list[Sequence], result: RunResult) -> RunResult:
+        """A decode batch of greedy sequences: the one-call step through C calls, its argmax per row
+        the tokens (the sampler would take the same; the logits stay in the step)."""
+        slots = [s.slot for s in seqs]
+        positions = [s.num_tokens - 1 for s in seqs]
+        tokens = self._greedy.step([s.last_token for s in seqs], positions, slots)
+        for slot, position in zip(slots, positions):
+            self.kv_cache.note_written(slot, position + 1)
+        result.tokens += zip(seqs, tokens)
+        return result
+
+    def expect_step(self, follows: bool) -> None:
+        """Whether the engine runs another step at once: the one-call step's helper threads stay awake
+        for it (woken now if asleep; ``NativeDecoder.expect_step``), or may sleep (no step follows)."""
+        if self._greedy is not None:
+            self._greedy.expect_step(EXPECT_STEP_US if follows else 0)
 
     def _sample(self, logits: Tensor, seqs: list[Sequence], result: RunResult) -> None:
         """One token per sequence from logits [B, V], the whole batch at once. When that raises (a
@@ -187,8 +214,7 @@ class ModelRunner:
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> Tensor:
         """One new token per sequence (slots sorted ascending) -> logits [B, V]."""
         if self.fused_decode:  # prefill_and_decode without chunks, minus its ~30 us of list and tensor work
-            logits = self.decoder.step(torch.tensor(token_ids), torch.tensor(positions), torch.tensor(slots),
-                                       torch.arange(len(slots)))
+            logits = self.decoder.step(*self._decode_inputs(token_ids, positions, slots))
             for slot, position in zip(slots, positions):
                 self.kv_cache.note_written(slot, position + 1)
             return logits
@@ -210,3 +236,16 @@ class ModelRunner:
         for slot, position in zip(slots, positions):
             self.kv_cache.note_written(slot, position + 1)
         return self.model.logits(hidden[:, 0])
+
+    def _decode_inputs(self, token_ids: list[int], positions: list[int], slots: list[int]) -> tuple[Tensor, ...]:
+        """The one-call step's (tokens, positions, slots, logit rows) of a decode batch: views of one int64
+        buffer per batch size, written in place (the step reads them during the call only), instead of
+        four new tensors a step (~14 us)."""
+        B = len(slots)
+        rows = self._decode_rows.get(B)
+        if rows is None:
+            buffer = torch.zeros(4, B, dtype=torch.long)
+            buffer[3] = torch.arange(B)  # every row's logits
+            rows = self._decode_rows[B] = (*buffer, buffer.numpy())
+        rows[4][:3] = (token_ids, positions, slots)
+        return rows[:4]

@@ -7,7 +7,8 @@
 // 1.8-2.8 s with barriers against 57-86 ms on one thread. Here threads take tasks by ticket from
 // one counter: a thread that is paused while holding no task delays nobody, and one paused holding
 // a task delays the others by that one task. The calling thread works too; helpers spin briefly
-// between steps, then sleep (so they do not compete with torch's own threads between steps).
+// between steps, then sleep (so they do not compete with torch's own threads between steps), unless
+// the caller says a step follows soon (expect_step: the engine between two decode steps).
 //
 // Under contention even that costs more than a second thread brings: a helper paused mid-task
 // holds up every phase after it for a time slice (measured at load 5-6 on the 2 cores: 17 tok/s on
@@ -143,6 +144,25 @@ class StepPool {
     if (threads > 1 && stalled_ns_ * 4 > elapsed_ns(start)) solo_left_ = kSoloSteps;
   }
 
+  // A step follows within about `us` microseconds (the engine between two decode steps, whose Python
+  // is longer than a helper's spin): helpers keep spinning until the next step starts or the time
+  // passes, and one asleep is woken now, so the step does not wait for a sleeping helper to wake (and
+  // its first phases do not run on one thread meanwhile). us <= 0: helpers sleep after their usual
+  // spin (the engine has no step to run). Nothing when the next step runs on one thread (the stall
+  // fallback) or there are no helpers.
+  void expect_step(int64_t us) {
+    if (us <= 0 || helpers_.empty() || (solo_left_ > 0 && stall_fallback_)) {
+      linger_until_.store(0, std::memory_order_relaxed);
+      return;
+    }
+    linger_until_.store(now_ns() + us * 1000, std::memory_order_seq_cst);
+    // seq_cst with a helper's increment of sleeping_ before it checks linger_until_ (helper_main)
+    if (sleeping_.load(std::memory_order_seq_cst) > 0) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      wake_.notify_all();
+    }
+  }
+
   // Steps run on the calling thread alone because helpers stalled (see the header).
   int64_t solo_steps() const { return solo_steps_; }
   // Off: always the threads asked for (A/B measurements of the fallback itself).
@@ -182,6 +202,7 @@ class StepPool {
   bool stop_ = false;
   std::atomic<int> sleeping_{0};
   std::atomic<uint64_t> ticket_{0};
+  std::atomic<int64_t> linger_until_{0};  // expect_step(): helpers spin until then (steady clock ns)
   // Tasks done per phase, a cache line each (a thread finishing tasks of one phase does not take the
   // line that another spins on for the phase before).
   struct alignas(64) Counter {
@@ -213,6 +234,10 @@ class StepPool {
 
   // Whether this step is profiled (read by helpers after they saw the step's generation).
   bool profiling_now() const { return step_profiled_.load(std::memory_order_relaxed); }
+
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
 
   static int64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since).count();
@@ -313,10 +338,11 @@ class StepPool {
   void helper_main(int worker) {
     uint64_t seen = 0;  // the generation of the last step this helper took part in
     for (;;) {
-      // Spin ~50 us for the next step (decode steps come back to back), then sleep.
-      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+      // Spin ~50 us for the next step (decode steps come back to back), or until expect_step's time,
+      // then sleep.
+      const int64_t until = now_ns() + 50000;
       uint64_t gen = ticket_.load(std::memory_order_acquire) >> 48;
-      while (gen == seen && std::chrono::steady_clock::now() < until) {
+      while (gen == seen && now_ns() < std::max(until, linger_until_.load(std::memory_order_relaxed))) {
         for (int i = 0; i < 64; ++i) VOXLANE_PAUSE();
         gen = ticket_.load(std::memory_order_acquire) >> 48;
       }
@@ -325,10 +351,14 @@ class StepPool {
         slept = true;
         std::unique_lock<std::mutex> lock(mutex_);
         sleeping_.fetch_add(1, std::memory_order_seq_cst);
-        wake_.wait(lock, [&] { return stop_ || (ticket_.load(std::memory_order_seq_cst) >> 48) != seen; });
+        wake_.wait(lock, [&] {
+          return stop_ || linger_until_.load(std::memory_order_seq_cst) > now_ns() ||
+                 (ticket_.load(std::memory_order_seq_cst) >> 48) != seen;
+        });
         sleeping_.fetch_sub(1, std::memory_order_seq_cst);
         if (stop_) return;
         gen = ticket_.load(std::memory_order_acquire) >> 48;
+        if (gen == seen) continue;  // woken by expect_step: spin for the step (awake when it starts)
       }
       seen = gen;
       if (worker <= active_helpers_.load(std::memory_order_relaxed)) {

@@ -5,6 +5,8 @@ each phase and the step still equals the one-thread step bit for bit (with int16
 tests/engine/test_int16_activations.py's test_two_threads_give_the_same_step)."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -57,3 +59,54 @@ def test_a_decode_step_has_five_phases_per_layer(ops, smollm2_native, int16):
     # head) (attend_rows), both norms
     prompt_layer = qkv // 16 + 12 * kv + -(-12 // 16) * kv + D // 16 + I // 32 + D // 16 + 2
     assert prompt_tasks == a.num_layers * prompt_layer + 1 + head
+
+
+def test_an_expected_step_finds_the_helper_awake(ops, smollm2_native):
+    """Between two steps a helper spins ~50 us, then sleeps; the engine's Python between decode steps is
+    longer, so the helper slept before every step and the step woke it (joined late, its first phases on
+    one thread). ``expect_step(us)`` keeps it awake for the next step (spinning, or woken now if it
+    already slept) until the step starts or the time passes; ``expect_step(0)`` lets it sleep again.
+    Counted by the step pool's profile: the steps a helper was asleep for when they started."""
+    from engine.kv_cache import KVCache
+    from engine.native_step import build_decoder
+
+    model = smollm2_native
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        cache = KVCache(model.args, 1, 64, torch.float32)
+        decoder = build_decoder(model, cache.tensors)
+        decoder.set_stall_fallback(False)  # really two threads, even on a busy machine
+        position = [0]
+
+        def asleep_at(gaps) -> int:
+            """Steps (one per gap, run after it) whose helper slept through their start."""
+            decoder.set_profiling(True)
+            for gap in gaps:
+                gap()
+                decoder.step(torch.tensor([7]), torch.tensor([position[0]]), torch.tensor([0]), torch.tensor([0]))
+                position[0] += 1
+            sleeps = decoder.handoff_profile()[4 + 7 + 6]  # worker 1's steps begun asleep
+            decoder.set_profiling(False)
+            return sleeps
+
+        def pause():
+            time.sleep(0.005)  # 100x the helper's own spin
+
+        def expected_then_pause():
+            decoder.expect_step(500_000)  # the helper is still spinning after the step before
+            pause()
+
+        def pause_expected_pause():
+            pause()  # asleep by now: expect_step wakes it
+            decoder.expect_step(500_000)
+            pause()
+
+        asleep_at([pause])  # the helper thread exists
+        assert asleep_at([pause] * 6) >= 1  # (6 on a quiet machine)
+        assert asleep_at([expected_then_pause] * 6) == 0
+        assert asleep_at([pause_expected_pause] * 6) == 0
+        decoder.expect_step(0)
+        assert asleep_at([pause] * 6) >= 1
+    finally:
+        torch.set_num_threads(threads)

@@ -154,3 +154,17 @@ def test_a_prompt_arriving_mid_decode_shares_the_step_and_changes_nothing(fp32_e
     fp32_engine.run_until_idle()
     assert [s.output_ids for s in first + [late]] == alone
     assert mixed_calls and mixed_calls[0] == (1, 2)
+
+
+def test_the_engine_says_after_each_step_whether_another_follows(fp32_engine, monkeypatch):
+    """After every step the engine tells the runner whether another follows at once, so that the one-call
+    step's helper threads are awake for it (``NativeDecoder.expect_step``; they sleep after a spin shorter
+    than the engine's Python between two steps): yes after each step of a request but its last, then no
+    (they may sleep: no spinning while the engine is idle)."""
+    calls = []
+    expect_step = fp32_engine.runner.expect_step
+    monkeypatch.setattr(fp32_engine.runner, "expect_step", lambda follows: (calls.append(follows), expect_step(follows)))
+    stream = fp32_engine.submit(GREEDY_PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=4), ignore_eos=True)
+    fp32_engine.run_until_idle()
+    assert len(stream.output_ids) == 4
+    assert calls == [True, True, True, False]  # the prompt's step (first token), 3 decode steps

@@ -279,3 +279,100 @@ def test_two_threads_split_a_decode_steps_attention_and_change_no_logit(native_m
     finally:
         torch.set_num_threads(saved)
     assert torch.equal(two, one)
+
+
+def _tiny_decoder(head: torch.Tensor):
+    """A one-layer fp32 ``NativeDecoder`` (dim 64, one head) whose LM head is ``head`` [V, 64]."""
+    from engine import gguf_formats as fmt
+
+    g = torch.Generator().manual_seed(3)
+    D, V = 64, head.shape[0]
+    cache = torch.zeros(1, 2, 1, 8, D)
+    decoder = torch.classes.voxlane.NativeDecoder(D, 1, 1, D, D, 1, 1e-5, 0, torch.ones(8, D), torch.zeros(8, D),
+                                                  cache, cache.clone())
+
+    def add(role, rows, weight=None):
+        weight = torch.randn(rows, D, generator=g) if weight is None else weight
+        decoder.add_linear(-1 if role in ("head", "embed") else 0, role, weight.contiguous().view(torch.uint8), fmt.F32, D,
+                           None, None, False)
+
+    for role, rows in (("qkv", 3 * D), ("o", D), ("gate_up", 2 * D), ("down", D), ("embed", V)):
+        add(role, rows)
+    add("head", V, head)
+    for layer, role in ((0, "input"), (0, "post"), (-1, "final")):
+        decoder.add_norm(layer, role, torch.ones(D))
+    decoder.set_stall_fallback(False)
+    return decoder
+
+
+def test_the_step_finds_numpys_argmax_of_its_logits(ops):
+    """``NativeDecoder.argmax()``: the first maximum of each logits row of the last step, found by the LM
+    head's tasks (16-row units on two threads) and merged: what the greedy sampler takes instead of
+    numpy's argmax over the logits, so it must choose as numpy does: of equal maxima the first, even
+    when they are in two tasks, and the first NaN over any number."""
+    g = torch.Generator().manual_seed(5)
+    u = torch.randn(64, generator=g)
+    ties = torch.zeros(40)
+    ties[[3, 30]], ties[[10, 20]], ties[[12, 13]] = 5.0, -5.0, 4.0  # max at 3 (u . h > 0) or at 10
+    nans = ties.clone()
+    nans[[33, 25]] = float("nan")
+    heads = {"ties": ties[:, None] * u, "nans": nans[:, None] * u, "zeros": torch.zeros(40, 64),
+             "random": torch.randn(1000, 64, generator=g)}
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            for name, head in heads.items():
+                decoder = _tiny_decoder(head)
+                logits = decoder.step(torch.tensor([1, 2]), torch.tensor([0, 0]), torch.tensor([0, 1]), torch.tensor([0, 1]))
+                want = logits.numpy().argmax(-1).tolist()
+                assert decoder.argmax() == want, (name, n)
+                if name == "nans":
+                    assert want == [25, 25]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_greedy_decoding_takes_the_steps_argmax(native_model, monkeypatch):
+    """The runner's greedy tokens of a decode batch are the one-call step's argmax, through its C call
+    (``GreedyCalls``: no logits come back, the sampler does not read them), and they are numpy's argmax
+    of the same logits. A bad input raises the step's own message."""
+    from engine import sampler
+    from engine.scheduler import StepPlan
+    from engine.sequence import Sequence
+
+    cache = KVCache(native_model.args, 4, 64, torch.float32)
+    runner = ModelRunner(native_model, cache)
+    seqs = [Sequence(i, [100 + i, 200, 300], SamplingParams(temperature=0.0)) for i in range(3)]
+    for slot, seq in enumerate(seqs):
+        seq.slot = slot
+        runner.prefill(slot, seq.prompt_ids[:-1], 0, want_logits=False)
+        seq.num_cached = len(seq.prompt_ids) - 1
+    logits = runner.decode([0, 1, 2], [s.prompt_ids[-1] for s in seqs], [2, 2, 2])
+    for slot, seq in enumerate(seqs):
+        runner.prefill(slot, seq.prompt_ids[:-1], 0, want_logits=False)  # the same cache again
+    monkeypatch.setattr(sampler, "greedy_tokens", lambda _: pytest.fail("the logits were read again"))
+    ran = runner.run(StepPlan(decode=seqs))
+    assert [token for _, token in ran.tokens] == logits.numpy().argmax(-1).tolist()
+    with pytest.raises(RuntimeError, match="token id out of range"):
+        runner._greedy.step([10**9], [3], [0])
+
+
+def test_decode_steps_write_their_inputs_into_the_same_tensors(native_model):
+    """A decode batch's tokens, positions, slots and logit rows go to the one-call step in tensors made once
+    per batch size and rewritten in place (four new tensors a step were ~14 us of the engine's Python)."""
+    runner = ModelRunner(native_model, KVCache(native_model.args, 4, 64, torch.float32))
+    decoder, calls = runner.decoder, []
+
+    class Spy:
+        def step(self, *inputs):
+            calls.append([(t.data_ptr(), t.tolist()) for t in inputs])
+            return decoder.step(*inputs)
+
+    runner.decoder = Spy()
+    for i in range(3):
+        runner.decode([1, 3], [7 + i, 9 + i], [i, i])
+    runner.decode([2], [5], [0])
+    assert [[values for _, values in c] for c in calls] == [
+        [[7 + i, 9 + i], [i, i], [1, 3], [0, 1]] for i in range(3)] + [[[5], [0], [2], [0]]]
+    assert len({tuple(ptr for ptr, _ in c) for c in calls[:3]}) == 1  # the same four tensors each step
