@@ -67,7 +67,21 @@ def main(argv: list[str] | None = None) -> int:
             steps[-1]["wall"] = time.perf_counter() - start
         return did
 
+    greedy_calls = runner.greedy_calls
+
+    class TimedGreedy:  # greedy decode steps: the native call through ctypes (native_step.GreedyCalls), timed
+        def step(self, *call):
+            start = time.perf_counter()
+            tokens = greedy_calls.step(*call)
+            steps[-1]["native"] += time.perf_counter() - start
+            return tokens
+
+        def expect_step(self, us):
+            greedy_calls.expect_step(us)
+
     runner.decoder, runner.run, engine.step = Timed(), run, step
+    if greedy_calls is not None:
+        runner.greedy_calls = TimedGreedy()
 
     cpu = [0.0]  # the last run's CPU seconds, every thread of the process (the engine's and the pool's)
 
@@ -78,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         for s in streams:
             s.text()
         cpu[0] = time.process_time() - cpu_start
+        # The streams end inside the last step (its outputs), before its wall is stamped: wait for the stamp.
+        deadline = time.perf_counter() + 5.0
+        while steps and "wall" not in steps[-1] and time.perf_counter() < deadline:
+            time.sleep(0.001)
         return sum(len(s.output_ids) for s in streams) / (max(s.finished_at for s in streams) - start)
 
     def split(arm: str, round_: int, aggregate: float) -> dict:

@@ -70,7 +70,7 @@ class ModelRunner:
         self.fused_decode = native_step.supports(model, kv_cache.tensors)
         self.decoder = native_step.build_decoder(model, kv_cache.tensors) if self.fused_decode else None
         # The engine loop's greedy decode steps and expect_step as C calls (GreedyCalls: cheaper per step).
-        self._greedy = native_step.GreedyCalls(self.decoder) if self.decoder is not None else None
+        self.greedy_calls = native_step.GreedyCalls(self.decoder) if self.decoder is not None else None
         self.group = model.args.num_heads // model.args.num_kv_heads  # R query heads per kv head
         self._decode_forward = model.forward
         self._decode_rows: dict[int, tuple[Tensor, ...]] = {}  # decode(): the step's inputs by batch size
@@ -90,7 +90,7 @@ class ModelRunner:
         inner = inner_probes(plan.prefills)  # requests that generate, probed inside their prompt
         inner_rows = [row for _, row in inner]
         seqs = plan.decode
-        if seqs and not chunks and self._greedy is not None and self.sampler.all_greedy(seqs):
+        if seqs and not chunks and self.greedy_calls is not None and self.sampler.all_greedy(seqs):
             return self._decode_greedy(seqs, result)
         decode = ([s.slot for s in seqs], [s.last_token for s in seqs], [s.num_tokens - 1 for s in seqs])
         if chunks and seqs and self.fused_decode:
@@ -116,7 +116,7 @@ class ModelRunner:
         the tokens (the sampler would take the same; the logits stay in the step)."""
         slots = [s.slot for s in seqs]
         positions = [s.num_tokens - 1 for s in seqs]
-        tokens = self._greedy.step([s.last_token for s in seqs], positions, slots)
+        tokens = self.greedy_calls.step([s.last_token for s in seqs], positions, slots)
         for slot, position in zip(slots, positions):
             self.kv_cache.note_written(slot, position + 1)
         result.tokens += zip(seqs, tokens)
@@ -125,8 +125,8 @@ class ModelRunner:
     def expect_step(self, follows: bool) -> None:
         """Whether the engine runs another step at once: the one-call step's helper threads stay awake
         for it (woken now if asleep; ``NativeDecoder.expect_step``), or may sleep (no step follows)."""
-        if self._greedy is not None:
-            self._greedy.expect_step(EXPECT_STEP_US if follows else 0)
+        if self.greedy_calls is not None:
+            self.greedy_calls.expect_step(EXPECT_STEP_US if follows else 0)
 
     def _sample(self, logits: Tensor, seqs: list[Sequence], result: RunResult) -> None:
         """One token per sequence from logits [B, V], the whole batch at once. When that raises (a

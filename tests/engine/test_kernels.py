@@ -355,7 +355,7 @@ def test_greedy_decoding_takes_the_steps_argmax(native_model, monkeypatch):
     ran = runner.run(StepPlan(decode=seqs))
     assert [token for _, token in ran.tokens] == logits.numpy().argmax(-1).tolist()
     with pytest.raises(RuntimeError, match="token id out of range"):
-        runner._greedy.step([10**9], [3], [0])
+        runner.greedy_calls.step([10**9], [3], [0])
 
 
 def test_decode_steps_write_their_inputs_into_the_same_tensors(native_model):
