@@ -459,10 +459,13 @@ class StepWork : public PhasedWork {
     m.add_and_norm(buf.residual + r0 * D, buf.delta + r0 * D, m.layer_[l].post_norm, buf.h + r0 * D, r1 - r0);
     quantize_h(r0, r1);
   }
-  void quantize_h(int64_t r0, int64_t r1) const {
+  void quantize_h(int64_t r0, int64_t r1) const { quantize_input(buf.h, r0, r1, buf.hq, buf.hi); }
+  // Rows [r0, r1) of x (an input of the next matrices, D wide) into the step's int8 or int16 blocks of
+  // it, whichever the activations are (neither: fp32 or bf16 activations read x itself).
+  void quantize_input(const float* x, int64_t r0, int64_t r1, const Q8Rows& q8, const r16::I16Rows& i16) const {
     const int64_t D = m.D;
-    if (buf.hq.q) quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hq.at_row(r0));
-    if (buf.hi.q1) r16::quantize_rows(buf.h + r0 * D, r1 - r0, D, buf.hi.at_row(r0));
+    if (q8.q) quantize_rows(x + r0 * D, r1 - r0, D, q8.at_row(r0));
+    if (i16.q1) r16::quantize_rows(x + r0 * D, r1 - r0, D, i16.at_row(r0));
   }
   // The final norm of the rows whose logits are wanted, gathered.
   void final_norm() const {
@@ -471,8 +474,7 @@ class StepWork : public PhasedWork {
       const int64_t r = logit_rows[i];
       m.add_and_norm(buf.residual + r * D, buf.delta + r * D, m.final_norm, buf.h_logits + i * D, 1);
     }
-    if (buf.logitq.q) quantize_rows(buf.h_logits, n_logits, D, buf.logitq);
-    if (buf.logiti.q1) r16::quantize_rows(buf.h_logits, n_logits, D, buf.logiti);
+    quantize_input(buf.h_logits, 0, n_logits, buf.logitq, buf.logiti);
   }
 
   void run_task(int64_t p, int64_t u0, int64_t u1, int worker, bool descending) {
