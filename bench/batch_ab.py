@@ -7,7 +7,8 @@ and the rest of each step (Python: plan, sampling, outputs; wall time, so under 
 CPU too), and the run's CPU time (every thread's: under load, what an A/B of the work itself reads; with
 two threads it holds the step pool's spinning too). ``--ab-batch-tiles`` alternates the decoding batches' AMX tiles (engine/r16_batch.h) with the
 VNNI kernel run by run (order reversed every other round) and prints the medians; ``--json`` prints one
-JSON object with every run's split instead.
+JSON object with every run's split instead. ``--temperature 0.7 --top-p 0.9`` samples as a persona does
+(the sampler's per-row path, not the greedy one-call step).
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--temperature", type=float, default=0.0, help="sample instead of greedy (a persona: 0.7)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="with --temperature (a persona: 0.9)")
     parser.add_argument("--ab-batch-tiles", action="store_true", help="alternate the batch tiles and the VNNI kernel")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the lines")
     args = parser.parse_args(argv)
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                           max_seq_len=1024, admission_window_ms=0, prefill_chunk_tokens=512,
                           num_threads=args.threads, int16_activations=True)  # as engine_rows with --int16-activations
     engine = LLMEngine(resolve(args.model, "llm"), config)
-    greedy = SamplingParams(temperature=0.0, max_tokens=args.tokens)
+    greedy = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.tokens)
     steps: list[dict] = []
     runner, decoder = engine.runner, engine.runner.decoder
 
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()[0]
     if not args.json:
         print(f"{args.model}, native + int16, batch {args.batch}, {args.tokens} tokens, {args.threads} threads, "
-              f"1-min load {load_start:.1f}")
+              f"temperature {args.temperature}, top_p {args.top_p}, 1-min load {load_start:.1f}")
     runs: list[dict] = []
     try:
         batch_run()  # warm-up
@@ -144,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     medians = {a: statistics.median(run["tok_s"] for run in runs if run["arm"] == a) for a in arms}
     if args.json:
         print(json.dumps({"model": args.model, "batch": args.batch, "tokens": args.tokens, "threads": args.threads,
+                          "temperature": args.temperature, "top_p": args.top_p,
                           "load_average": [load_start, os.getloadavg()[0]], "runs": runs,
                           "median_tok_s": medians}, indent=2))
     else:

@@ -2,7 +2,8 @@
 
 Greedy batches (the common voice case at temperature 0) take one ``argmax``; otherwise each row gets
 repetition penalty, DRY, temperature, top-k and top-p, and draws from its own seeded generator, so a
-seeded request produces the same tokens whatever else shares its batch.
+seeded request produces the same tokens whatever else shares its batch. fp32 rows on the CPU do this in
+numpy (one uniform draw against the nucleus's cumulative probabilities), not in torch's threaded ops.
 """
 from __future__ import annotations
 
@@ -83,6 +84,38 @@ def filter_top_k_top_p(logits: Tensor, top_k: int, top_p: float) -> Tensor:
     return logits
 
 
+def nucleus_numpy(x: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+    """The ids (ascending) ``filter_top_k_top_p`` leaves finite in fp32 logits ``x`` [V], in numpy: the
+    same rule (top-k's k-th value; of the logits in descending order, drop one when those before it
+    already reach top_p of the mass; of equal logits at the edge the first by index). Only the logits
+    within a factor 1e-4 (else 1e-8, else all) of the largest probability are ordered, when they hold
+    top_p of the mass: every smaller one has at least that much before it, so it is dropped. The
+    probabilities are fp32 exps, their sums in float64 (the same set as torch's fp32 arithmetic up to
+    rounding: ties of the cumulative mass with top_p, far in a flat tail)."""
+    V = len(x)
+    pool = np.arange(V)
+    if 0 < top_k < V:
+        pool = np.flatnonzero(x >= np.partition(x, V - top_k)[V - top_k])  # >= the k-th largest
+    if top_p >= 1.0:
+        return pool
+    xs = x[pool] if len(pool) < V else x
+    e = np.exp(xs - xs.max())
+    total = e.sum(dtype=np.float64)
+    candidates = None
+    for floor in (1e-4, 1e-8):
+        candidates = np.flatnonzero(e >= floor)
+        if e[candidates].sum(dtype=np.float64) >= top_p * total:
+            break
+    else:
+        candidates = np.arange(len(xs))
+    order = candidates[np.argsort(-xs[candidates], kind="stable")]  # descending, equal ones by index
+    probs = e[order].astype(np.float64)
+    cumulative = np.cumsum(probs)
+    # kept: the places whose preceding mass is below top_p (the first always)
+    n = max(int(np.searchsorted((cumulative - probs) / total, top_p, side="left")), 1)
+    return pool[np.sort(order[:n])]
+
+
 def probability_of(logits: Tensor, token_ids: frozenset[int]) -> float:
     """P(next token in ``token_ids``) from logits [V] (a probe request's answer)."""
     if not token_ids:
@@ -121,8 +154,17 @@ class Sampler:
             return greedy_tokens(logits)
         return [self._sample_row(logits[i], s) for i, s in enumerate(seqs)]
 
+    def _generator(self, seq: Sequence) -> torch.Generator | None:
+        """The sequence's seeded generator (made at its first draw), or None: torch's global one."""
+        generator = self.generators.get(seq.id)
+        if generator is None and seq.sampling.seed is not None:
+            generator = self.generators[seq.id] = torch.Generator().manual_seed(seq.sampling.seed)
+        return generator
+
     def _sample_row(self, logits: Tensor, seq: Sequence) -> int:
-        p, seq_id = seq.sampling, seq.id
+        if logits.dtype == torch.float32 and logits.device.type == "cpu":
+            return self._sample_row_numpy(logits, seq)
+        p = seq.sampling
         logits = apply_repetition_penalty(logits.clone(), seq.all_ids if p.repetition_penalty != 1.0 else [],
                                           p.repetition_penalty)
         logits = apply_dry_penalty(logits, seq.output_ids, p)
@@ -130,7 +172,27 @@ class Sampler:
             return int(logits.argmax())
         logits = filter_top_k_top_p(logits / p.temperature, p.top_k, p.top_p)
         probs = logits.softmax(-1)
-        generator = self.generators.get(seq_id)
-        if generator is None and p.seed is not None:
-            generator = self.generators[seq_id] = torch.Generator().manual_seed(p.seed)
-        return int(torch.multinomial(probs, 1, generator=generator))
+        return int(torch.multinomial(probs, 1, generator=self._generator(seq)))
+
+    def _sample_row_numpy(self, logits: Tensor, seq: Sequence) -> int:
+        """``_sample_row`` for fp32 on the CPU in numpy (one thread whatever torch's thread count): the
+        penalties on a copy, temperature, top-k, the nucleus, and one uniform draw (torch.rand from the
+        sequence's generator) against the cumulative probabilities of the kept tokens only, by index.
+        The same distribution as softmax + ``torch.multinomial`` over the vocabulary, which cost ~1.6 ms
+        on one thread and tens of ms on torch's two OpenMP threads under load; a seeded request's tokens
+        differ from that draw's but are still fixed by its seed."""
+        p = seq.sampling
+        x = logits.numpy().copy()
+        if p.repetition_penalty != 1.0 or p.dry_multiplier != 0.0:
+            view = torch.from_numpy(x)  # the penalties write into x through it
+            apply_repetition_penalty(view, seq.all_ids if p.repetition_penalty != 1.0 else [], p.repetition_penalty)
+            apply_dry_penalty(view, seq.output_ids, p)
+        if p.is_greedy:
+            return int(x.argmax())
+        x /= np.float32(p.temperature)
+        kept = nucleus_numpy(x, p.top_k, p.top_p)  # token ids, ascending
+        top = x[kept].max()
+        weights = np.exp((x[kept] - top).astype(np.float64))
+        cumulative = np.cumsum(weights)
+        u = float(torch.rand((), dtype=torch.float64, generator=self._generator(seq)))
+        return int(kept[min(int(np.searchsorted(cumulative, u * cumulative[-1], side="right")), len(kept) - 1)])

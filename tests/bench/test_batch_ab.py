@@ -34,3 +34,18 @@ def test_lines_name_each_run_and_the_median(capsys, smollm2_dir):
     assert re.search(r"^  round 1 as built: [\d.]+ tok/s; 1 prompt step\(s\) \d+ rows in 2 chunks \+ 0 decode rows "
                      r"\d+ ms; 2 decode steps, native median [\d.]+ ms", out, re.M), out
     assert re.search(r"^medians \(1-min load [\d.]+\): as built [\d.]+ tok/s$", out, re.M), out
+
+
+def test_temperature_and_top_p_sample_each_token(capsys, smollm2_dir, monkeypatch):
+    """--temperature / --top-p: the persona's sampling, each token through the sampler's row path (not
+    the greedy one-call step), the settings in the report."""
+    from engine.sampler import Sampler
+    rows = []
+    sample_row = Sampler._sample_row
+    monkeypatch.setattr(Sampler, "_sample_row", lambda self, logits, seq: rows.append(seq.sampling)
+                        or sample_row(self, logits, seq))
+    batch_ab.main(["--batch", "1", "--tokens", "3", "--rounds", "1", "--temperature", "0.7", "--top-p", "0.9",
+                   "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert (report["temperature"], report["top_p"]) == (0.7, 0.9)
+    assert len(rows) >= 2 * 3 and all((p.temperature, p.top_p) == (0.7, 0.9) for p in rows)  # warm-up + run
