@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                           max_seq_len=1024, admission_window_ms=0, prefill_chunk_tokens=512,
                           num_threads=args.threads, int16_activations=True)  # as engine_rows with --int16-activations
     engine = LLMEngine(resolve(args.model, "llm"), config)
-    greedy = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.tokens)
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.tokens)
     steps: list[dict] = []
     runner, decoder = engine.runner, engine.runner.decoder
 
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     def batch_run() -> float:
         steps.clear()
         start, cpu_start = time.perf_counter(), time.process_time()
-        streams = [engine.submit(p, greedy, ignore_eos=True) for p in batch_prompts(args.batch)]
+        streams = [engine.submit(p, sampling, ignore_eos=True) for p in batch_prompts(args.batch)]
         for s in streams:
             s.text()
         cpu[0] = time.process_time() - cpu_start
