@@ -57,14 +57,18 @@ def build_key() -> str:
     return digest.hexdigest()[:16]
 
 
-def build_dir() -> Path:
+def build_dir(key: str | None = None) -> Path:
     root = os.environ.get("VOXLANE_KERNELS_DIR") or Path.home() / ".cache" / "voxlane" / "kernels"
-    return Path(root) / build_key()
+    return Path(root) / (key or build_key())
 
 
-def library_path() -> Path:
-    """The built kernels' shared library (for ctypes: engine/native_step.py's GreedyCalls)."""
-    return build_dir() / f"voxlane_kernels_{build_key()}.so"
+def library_path() -> Path | None:
+    """The shared library ``load_kernels`` loaded (for ctypes: engine/native_step.py's GreedyCalls), or
+    None when the kernels did not load. The path recorded at the load, not one derived again: the key
+    hashes the sources as they are now, and a library built from other sources would not match the
+    loaded classes."""
+    load_kernels()
+    return _state.get("library")  # type: ignore[return-value]
 
 
 def load_kernels():
@@ -72,7 +76,7 @@ def load_kernels():
     reason logged once) when they cannot be built here. Thread-safe; builds at most once per process."""
     with _lock:
         if "ops" not in _state:
-            _state["ops"], _state["error"] = _build_and_load()
+            _state["ops"], _state["error"], _state["library"] = _build_and_load()
             if _state["error"]:
                 log.warning("fused kernels unavailable, using the pure-torch path: %s", _state["error"])
         return _state["ops"]
@@ -111,17 +115,17 @@ def _build_guard(directory: Path):
 def _build_and_load():
     from torch.utils import cpp_extension
 
-    directory = build_dir()
+    key = build_key()
+    directory, name = build_dir(key), f"voxlane_kernels_{key}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with _build_guard(directory):
-            cpp_extension.load(name=f"voxlane_kernels_{build_key()}", sources=[str(p) for p in SOURCES],
-                               extra_cflags=CFLAGS, build_directory=str(directory), is_python_module=False,
-                               verbose=False)
-        return torch.ops.voxlane, None
+            cpp_extension.load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=CFLAGS,
+                               build_directory=str(directory), is_python_module=False, verbose=False)
+        return torch.ops.voxlane, None, directory / f"{name}.so"
     except Exception as error:  # a missing compiler or ninja, a failed build: fall back, say why
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        return None, f"{type(error).__name__}: {first_line}"
+        return None, f"{type(error).__name__}: {first_line}", None
 
 
 # ---- the pure-torch twins (reference semantics of each kernel) ----

@@ -265,6 +265,15 @@ def test_a_dead_builds_lock_file_does_not_hang_the_next_load(ops, tmp_path):
         stale.unlink(missing_ok=True)
 
 
+def test_the_library_path_is_the_loaded_librarys_whatever_the_sources_are_now(ops, monkeypatch):
+    """GreedyCalls dlopens library_path() to call into the loaded kernels' classes: it is the library the
+    load built or found, not one named by hashing the sources again (edited sources, another key)."""
+    loaded = K.library_path()
+    assert loaded is not None and loaded.is_file() and loaded.parent == K.build_dir()
+    monkeypatch.setattr(K, "build_key", lambda: "sources-edited-since")
+    assert K.library_path() == loaded
+
+
 def test_two_threads_split_a_decode_steps_attention_and_change_no_logit(native_model):
     """Batch 1 on two threads: the attention of each kv head is split over its query heads (3 tasks
     of SmolLM2's 3 kv heads would leave one thread idle) and the qkv tasks write the new k/v. The step
