@@ -40,16 +40,21 @@ def export_tree(revision: str, into: Path) -> Path:
     return into / "tree"
 
 
+def json_in(tree: Path, cmd: list[str]) -> dict:
+    """The JSON object ``cmd`` prints, run in its own process on ``tree``'s sources (a --rev-arm)."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} in {tree} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout[done.stdout.index("{"):])
+
+
 def profile_ms(tree: Path, model: str, threads: int, steps: int, batch: int, args: str) -> tuple[float, int]:
     """One decode_profile run in ``tree`` -> (wall ms per decode step, steps the step pool ran on one
     thread because its helpers stalled: the engine's own fallback under contention)."""
     cmd = [sys.executable, "-m", "bench.decode_profile", "--model", model, "--threads", str(threads), "--steps",
            str(steps), "--batch", str(batch), "--no-phase-profile", "--json", *shlex.split(args)]
-    env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
-    result = json.loads(out.stdout[out.stdout.index("{"):])
+    result = json_in(tree, cmd)
     return float(result["ms_per_step"]), int(result.get("solo_steps", 0))
 
 

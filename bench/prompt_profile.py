@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -95,11 +94,9 @@ def run_in(tree: Path, args) -> dict:
            "--threads", str(args.threads), "--tokens", args.tokens, "--samples", str(args.samples), "--rounds", "1"]
     cmd += [f"--{flag.replace('_', '-')}" for flag in ("int8_activations", "bf16_activations", "int16_activations",
                                                        "no_stall_fallback") if getattr(args, flag)]
-    env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} in {tree} failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout[done.stdout.index("{"):])
+    from bench.decode_ab import json_in
+
+    return json_in(tree, cmd)
 
 
 def median_of(values: list[float]) -> float:
