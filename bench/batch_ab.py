@@ -18,6 +18,7 @@ import os
 import statistics
 import sys
 import time
+from types import SimpleNamespace
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,12 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     steps: list[dict] = []
     runner, decoder = engine.runner, engine.runner.decoder
 
-    class Timed:  # the native call, timed
-        def step(self, *call):
+    def timed(native_call):  # the native call, its time added to the step's
+        def call(*args):
             start = time.perf_counter()
-            logits = decoder.step(*call)
+            out = native_call(*args)
             steps[-1]["native"] += time.perf_counter() - start
-            return logits
+            return out
+
+        return call
 
     run_plan, engine_step = runner.run, engine.step
 
@@ -70,21 +73,10 @@ def main(argv: list[str] | None = None) -> int:
             steps[-1]["wall"] = time.perf_counter() - start
         return did
 
-    greedy_calls = runner.greedy_calls
-
-    class TimedGreedy:  # greedy decode steps: the native call through ctypes (native_step.GreedyCalls), timed
-        def step(self, *call):
-            start = time.perf_counter()
-            tokens = greedy_calls.step(*call)
-            steps[-1]["native"] += time.perf_counter() - start
-            return tokens
-
-        def expect_step(self, us):
-            greedy_calls.expect_step(us)
-
-    runner.decoder, runner.run, engine.step = Timed(), run, step
+    runner.decoder, runner.run, engine.step = SimpleNamespace(step=timed(decoder.step)), run, step
+    greedy_calls = runner.greedy_calls  # greedy decode steps: the native call through ctypes (GreedyCalls)
     if greedy_calls is not None:
-        runner.greedy_calls = TimedGreedy()
+        runner.greedy_calls = SimpleNamespace(step=timed(greedy_calls.step), expect_step=greedy_calls.expect_step)
 
     cpu = [0.0]  # the last run's CPU seconds, every thread of the process (the engine's and the pool's)
 
