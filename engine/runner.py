@@ -117,8 +117,7 @@ class ModelRunner:
         slots = [s.slot for s in seqs]
         positions = [s.num_tokens - 1 for s in seqs]
         tokens = self.greedy_calls.step([s.last_token for s in seqs], positions, slots)
-        for slot, position in zip(slots, positions):
-            self.kv_cache.note_written(slot, position + 1)
+        self._note_decoded(slots, positions)
         result.tokens += zip(seqs, tokens)
         return result
 
@@ -206,8 +205,7 @@ class ModelRunner:
                                    logit_rows)
         for slot, ids, start, _ in chunks:
             self.kv_cache.note_written(slot, start + len(ids))
-        for slot, position in zip(slots, positions):
-            self.kv_cache.note_written(slot, position + 1)
+        self._note_decoded(slots, positions)
         return per_chunk(logits, len(chunks), wanted, len(inner)), logits[len(wanted) + len(inner):]
 
     @torch.inference_mode()
@@ -215,8 +213,7 @@ class ModelRunner:
         """One new token per sequence (slots sorted ascending) -> logits [B, V]."""
         if self.fused_decode:  # prefill_and_decode without chunks, minus its ~30 us of list and tensor work
             logits = self.decoder.step(*self._decode_inputs(token_ids, positions, slots))
-            for slot, position in zip(slots, positions):
-                self.kv_cache.note_written(slot, position + 1)
+            self._note_decoded(slots, positions)
             return logits
         B = len(slots)
         pos = torch.tensor(positions).unsqueeze(1)  # [B, 1]
@@ -233,9 +230,13 @@ class ModelRunner:
             self.kv_cache.prepare_read(slots, positions, L)
         batch = AttentionBatch(slots=torch.tensor(slots), positions=pos, read_rows=rows, kv_len=L, mask=mask)
         hidden = self._decode_forward(torch.tensor(token_ids).unsqueeze(1), pos, self.kv_cache.tensors, batch)
+        self._note_decoded(slots, positions)
+        return self.model.logits(hidden[:, 0])
+
+    def _note_decoded(self, slots: list[int], positions: list[int]) -> None:
+        """A decode step wrote each row's new token's k/v at its position in its slot."""
         for slot, position in zip(slots, positions):
             self.kv_cache.note_written(slot, position + 1)
-        return self.model.logits(hidden[:, 0])
 
     def _decode_inputs(self, token_ids: list[int], positions: list[int], slots: list[int]) -> tuple[Tensor, ...]:
         """The one-call step's (tokens, positions, slots, logit rows) of a decode batch: views of one int64
