@@ -13,9 +13,14 @@
 // Under contention even that costs more than a second thread brings: a helper paused mid-task
 // holds up every phase after it for a time slice (measured at load 5-6 on the 2 cores: 17 tok/s on
 // 2 threads against 42 on one). So the calling thread times its waits for others' tasks; a wait
-// longer than kStallNs (1 ms) is a paused thread, not a slow task, and when such stalls take more than a
-// quarter of a step the next kSoloSteps steps run on the calling thread alone, then two are tried
-// again. Results do not depend on the thread count (each output is computed by one task).
+// longer than kStallNs (1 ms) is a paused thread, not a slow task, and a step in which such stalls
+// take more than a quarter of it starts a span of steps on the calling thread alone, then two are
+// tried again (StallFallback). The span starts short (4 steps) and doubles, up to 128, while the
+// retries keep stalling; 32 clean two-thread steps in a row set it back to 4. So a short disturbance
+// (a neighbour's burst of a few ms) costs a few one-thread steps, where a fixed span of 64 cost half
+// of a 128-token reply at one thread's speed, and sustained contention still runs alone for 128 steps
+// of every 129 once the span has grown. Results do not depend on the thread count (each output is
+// computed by one task).
 #pragma once
 
 #include <algorithm>
@@ -58,6 +63,50 @@ struct PhasedWork {
   virtual void prefetch(int64_t, int64_t, int64_t, bool) {}
 };
 
+// The stall fallback's policy (see the header): whether a step asked for on several threads runs on
+// the calling thread alone, from the verdicts of the several-thread steps before it (stalled: waits
+// longer than kStallNs took more than a quarter of the step). A stalled step starts a span of span_
+// solo steps and doubles the next span (up to kMaxSolo): when the retry after the span stalls again
+// (or any step before kCleanSteps clean ones in a row), the contention goes on and the next span is
+// longer; kCleanSteps clean steps in a row were a disturbance that passed, and the span is back to
+// kMinSolo. One stall costs kMinSolo solo steps; sustained contention (every retry stalls) runs
+// kMinSolo, 2 kMinSolo, ... then kMaxSolo solo steps per several-thread step.
+class StallFallback {
+ public:
+  static constexpr int kMinSolo = 4, kMaxSolo = 128, kCleanSteps = 32;
+
+  // Whether the next step runs alone; true counts it as one of the span's.
+  bool take_solo() {
+    if (solo_left_ == 0) return false;
+    --solo_left_;
+    ++solo_steps_;
+    return true;
+  }
+  bool solo_next() const { return solo_left_ > 0; }
+  // A step that ran on several threads, and whether it stalled.
+  void several_threads_step(bool stalled) {
+    if (!stalled) {
+      clean_ = std::min(clean_ + 1, kCleanSteps);
+      if (clean_ == kCleanSteps) span_ = kMinSolo;
+      return;
+    }
+    solo_left_ = span_;
+    span_ = std::min(2 * span_, kMaxSolo);
+    clean_ = 0;
+  }
+  void reset() {
+    solo_left_ = clean_ = 0;
+    span_ = kMinSolo;
+  }
+  int64_t solo_steps() const { return solo_steps_; }
+
+ private:
+  int span_ = kMinSolo;  // the next span's steps
+  int solo_left_ = 0;    // steps of the current span still to run alone
+  int clean_ = 0;        // clean several-thread steps in a row since the last stall (at most kCleanSteps)
+  int64_t solo_steps_ = 0;
+};
+
 class StepPool {
  public:
   // 64-bit ticket word: generation (16 bits) | phase (12) | front (18) | back (18): the units not yet
@@ -84,11 +133,7 @@ class StepPool {
   // Runs all of work's phases with `threads` threads (this one included); returns when all are done.
   void run(PhasedWork& work, int threads) {
     threads = std::max(threads, 1);
-    if (threads > 1 && solo_left_ > 0 && stall_fallback_) {
-      --solo_left_;
-      ++solo_steps_;
-      threads = 1;
-    }
+    if (threads > 1 && stall_fallback_ && fallback_.take_solo()) threads = 1;
     const auto start = std::chrono::steady_clock::now();
     stalled_ns_ = 0;
     const int64_t phases = work.phases();
@@ -141,7 +186,14 @@ class StepPool {
       run_ns_ += elapsed_ns(start);
       ++steps_;
     }
-    if (threads > 1 && stalled_ns_ * 4 > elapsed_ns(start)) solo_left_ = kSoloSteps;
+    if (threads > 1 && stall_fallback_) {
+      bool stalled = stalled_ns_ * 4 > elapsed_ns(start);
+      if (scripted_) {  // script_stalls(): the verdict given, not the one measured
+        stalled = script_.empty() ? false : script_.front() != 0;
+        if (!script_.empty()) script_.erase(script_.begin());
+      }
+      fallback_.several_threads_step(stalled);
+    }
   }
 
   // A step follows within about `us` microseconds (the engine between two decode steps, whose Python
@@ -151,7 +203,7 @@ class StepPool {
   // spin (the engine has no step to run). Nothing when the next step runs on one thread (the stall
   // fallback) or there are no helpers.
   void expect_step(int64_t us) {
-    if (us <= 0 || helpers_.empty() || (solo_left_ > 0 && stall_fallback_)) {
+    if (us <= 0 || helpers_.empty() || (stall_fallback_ && fallback_.solo_next())) {
       linger_until_.store(0, std::memory_order_relaxed);
       return;
     }
@@ -164,11 +216,18 @@ class StepPool {
   }
 
   // Steps run on the calling thread alone because helpers stalled (see the header).
-  int64_t solo_steps() const { return solo_steps_; }
-  // Off: always the threads asked for (A/B measurements of the fallback itself).
+  int64_t solo_steps() const { return fallback_.solo_steps(); }
+  // Off: always the threads asked for (A/B measurements of the fallback itself). Either way the
+  // fallback starts over (no span, the next one kMinSolo steps).
   void set_stall_fallback(bool on) {
     stall_fallback_ = on;
-    solo_left_ = 0;
+    fallback_.reset();
+  }
+  // Tests: from now on the several-thread steps take their verdicts (nonzero: stalled) from
+  // `verdicts` in order instead of their measured waits, and are clean once it is used up.
+  void script_stalls(std::vector<int64_t> verdicts) {
+    scripted_ = true;
+    script_ = std::move(verdicts);
   }
 
   // Profiling of the hand-offs (off by default: three clock reads per task). Per worker (0: the
@@ -221,11 +280,11 @@ class StepPool {
   // 1 ms: about a scheduler time slice (EEVDF: 0.75 ms x (1 + log2 CPUs)); a task of a 256-token
   // prefill chunk takes ~0.4 ms on one core, and a stall counts only past a quarter of the step.
   static constexpr int64_t kStallNs = 1000000;
-  static constexpr int kSoloSteps = 64;
   bool stall_fallback_ = true;
-  int solo_left_ = 0;        // steps still to run alone
-  int64_t solo_steps_ = 0;   // steps run alone so far
-  int64_t stalled_ns_ = 0;   // this step: the calling thread's waits longer than kStallNs
+  StallFallback fallback_;
+  bool scripted_ = false;          // script_stalls()
+  std::vector<int64_t> script_;    // its verdicts still to use
+  int64_t stalled_ns_ = 0;         // this step: the calling thread's waits longer than kStallNs
   bool profiling_ = false;
   std::atomic<bool> step_profiled_{false};  // this step's (written before the ticket word is published)
   std::array<WorkerStats, kProfiledWorkers> stats_{};  // per worker, each written by its own thread
