@@ -221,8 +221,11 @@ class NativeDecoder : public torch::CustomClassHolder {
   // Steps run on one thread because helper threads stalled under contention (engine/step_pool.h).
   int64_t solo_steps() const { return pool_.solo_steps(); }
   void set_stall_fallback(bool on) { pool_.set_stall_fallback(on); }
-  // Tests: the verdicts (nonzero: stalled) of the next several-thread steps, then clean (StepPool).
-  void script_stalls(std::vector<int64_t> verdicts) { pool_.script_stalls(std::move(verdicts)); }
+  // Tests: the stall verdicts (nonzero: stalled) of the next several-thread steps, then clean, and the
+  // times of solo and several-thread steps the stall fallback sees (StepPool::script_steps).
+  void script_steps(std::vector<int64_t> verdicts, int64_t solo_ns, int64_t ns) {
+    pool_.script_steps(std::move(verdicts), solo_ns, ns);
+  }
   // The first maximum of each logits row of the last step (numpy's / torch's argmax, a NaN first), found
   // by the LM head's tasks while their logits are in cache: a greedy sampler reads no logits.
   std::vector<int64_t> argmax() const { return argmax_; }
@@ -762,7 +765,7 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("num_layers", &voxlane::NativeDecoder::num_layers)
       .def("solo_steps", &voxlane::NativeDecoder::solo_steps)
       .def("set_stall_fallback", &voxlane::NativeDecoder::set_stall_fallback)
-      .def("script_stalls", &voxlane::NativeDecoder::script_stalls)
+      .def("script_steps", &voxlane::NativeDecoder::script_steps)
       .def("expect_step", &voxlane::NativeDecoder::expect_step)
       .def("argmax", &voxlane::NativeDecoder::argmax)
       .def("address", &voxlane::NativeDecoder::address)

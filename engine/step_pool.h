@@ -16,11 +16,11 @@
 // longer than kStallNs (1 ms) is a paused thread, not a slow task, and a step in which such stalls
 // take more than a quarter of it starts a span of steps on the calling thread alone, then two are
 // tried again (StallFallback). The span starts short (4 steps) and doubles, up to 128, while the
-// retries keep stalling; 32 clean two-thread steps in a row set it back to 4. So a short disturbance
-// (a neighbour's burst of a few ms) costs a few one-thread steps, where a fixed span of 64 cost half
-// of a 128-token reply at one thread's speed, and sustained contention still runs alone for 128 steps
-// of every 129 once the span has grown. Results do not depend on the thread count (each output is
-// computed by one task).
+// retries keep stalling (or take longer than the span's one-thread steps of the same kind); 32 clean
+// two-thread steps in a row set it back to 4. So a short disturbance (a neighbour's burst of a few ms)
+// costs a few one-thread steps, where a fixed span of 64 cost half of a 128-token reply at one
+// thread's speed, and sustained contention still runs alone for 128 steps of every 129 once the span
+// has grown. Results do not depend on the thread count (each output is computed by one task).
 #pragma once
 
 #include <algorithm>
@@ -71,6 +71,10 @@ struct PhasedWork {
 // longer; kCleanSteps clean steps in a row were a disturbance that passed, and the span is back to
 // kMinSolo. One stall costs kMinSolo solo steps; sustained contention (every retry stalls) runs
 // kMinSolo, 2 kMinSolo, ... then kMaxSolo solo steps per several-thread step.
+// The retry also counts as stalled when it took longer than the span's fastest solo step of the same
+// shape (the work's phases and units): contention that slows two threads without a wait over
+// kStallNs on the calling thread (it is the one paused, or the pauses are short) still keeps the
+// steps on one thread while one is faster.
 class StallFallback {
  public:
   static constexpr int kMinSolo = 4, kMaxSolo = 128, kCleanSteps = 32;
@@ -83,8 +87,19 @@ class StallFallback {
     return true;
   }
   bool solo_next() const { return solo_left_ > 0; }
-  // A step that ran on several threads, and whether it stalled.
-  void several_threads_step(bool stalled) {
+  // A step of the span ran alone: its shape (a key of its phases' units) and ns.
+  void solo_step(uint64_t shape, int64_t ns) {
+    if (!have_solo_ || shape != solo_shape_) solo_ns_ = ns;
+    else solo_ns_ = std::min(solo_ns_, ns);
+    solo_shape_ = shape;
+    have_solo_ = true;
+  }
+  // A step that ran on several threads: whether it stalled, its shape and ns.
+  void several_threads_step(bool stalled, uint64_t shape, int64_t ns) {
+    if (retry_) {  // the first after a span: lost against one thread?
+      retry_ = false;
+      if (have_solo_ && shape == solo_shape_ && ns > solo_ns_) stalled = true;
+    }
     if (!stalled) {
       clean_ = std::min(clean_ + 1, kCleanSteps);
       if (clean_ == kCleanSteps) span_ = kMinSolo;
@@ -93,10 +108,13 @@ class StallFallback {
     solo_left_ = span_;
     span_ = std::min(2 * span_, kMaxSolo);
     clean_ = 0;
+    retry_ = true;
+    have_solo_ = false;
   }
   void reset() {
     solo_left_ = clean_ = 0;
     span_ = kMinSolo;
+    retry_ = have_solo_ = false;
   }
   int64_t solo_steps() const { return solo_steps_; }
 
@@ -104,6 +122,10 @@ class StallFallback {
   int span_ = kMinSolo;  // the next span's steps
   int solo_left_ = 0;    // steps of the current span still to run alone
   int clean_ = 0;        // clean several-thread steps in a row since the last stall (at most kCleanSteps)
+  bool retry_ = false;   // the next several-thread step is the first after a span
+  bool have_solo_ = false;
+  uint64_t solo_shape_ = 0;  // the span's last solo step's shape
+  int64_t solo_ns_ = 0;      // the span's fastest solo step of that shape
   int64_t solo_steps_ = 0;
 };
 
@@ -133,7 +155,8 @@ class StepPool {
   // Runs all of work's phases with `threads` threads (this one included); returns when all are done.
   void run(PhasedWork& work, int threads) {
     threads = std::max(threads, 1);
-    if (threads > 1 && stall_fallback_ && fallback_.take_solo()) threads = 1;
+    const bool solo = threads > 1 && stall_fallback_ && fallback_.take_solo();
+    if (solo) threads = 1;
     const auto start = std::chrono::steady_clock::now();
     stalled_ns_ = 0;
     const int64_t phases = work.phases();
@@ -148,8 +171,10 @@ class StepPool {
       capacity_ = phases;
     }
     int64_t last = -1;  // the last phase with units so far
+    uint64_t shape = uint64_t(phases);  // the stall fallback's key of the step's kind
     for (int64_t p = 0; p < phases; ++p) {
       size_[p] = work.size(p);
+      shape = shape * 1000003u + uint64_t(size_[p]);
       if (size_[p] > kMaxUnits) throw std::runtime_error("StepPool: too many units in one phase");
       const bool tail = size_[p] > 0 && work.has_tail(p);
       needed_[p] = size_[p] + (tail ? 1 : 0);
@@ -186,13 +211,19 @@ class StepPool {
       run_ns_ += elapsed_ns(start);
       ++steps_;
     }
-    if (threads > 1 && stall_fallback_) {
-      bool stalled = stalled_ns_ * 4 > elapsed_ns(start);
-      if (scripted_) {  // script_stalls(): the verdict given, not the one measured
-        stalled = script_.empty() ? false : script_.front() != 0;
-        if (!script_.empty()) script_.erase(script_.begin());
+    if ((solo || threads > 1) && stall_fallback_) {
+      // script_steps(): the verdicts and times given, not the ones measured
+      const int64_t ns = scripted_ ? (solo ? script_solo_ns_ : script_ns_) : elapsed_ns(start);
+      if (solo) {
+        fallback_.solo_step(shape, ns);
+      } else {
+        bool stalled = stalled_ns_ * 4 > ns;
+        if (scripted_) {
+          stalled = !script_.empty() && script_.front() != 0;
+          if (!script_.empty()) script_.erase(script_.begin());
+        }
+        fallback_.several_threads_step(stalled, shape, ns);
       }
-      fallback_.several_threads_step(stalled);
     }
   }
 
@@ -224,10 +255,13 @@ class StepPool {
     fallback_.reset();
   }
   // Tests: from now on the several-thread steps take their verdicts (nonzero: stalled) from
-  // `verdicts` in order instead of their measured waits, and are clean once it is used up.
-  void script_stalls(std::vector<int64_t> verdicts) {
+  // `verdicts` in order instead of their measured waits (clean once it is used up), and the stall
+  // fallback sees every solo step take solo_ns and every several-thread step ns, not their clock's.
+  void script_steps(std::vector<int64_t> verdicts, int64_t solo_ns, int64_t ns) {
     scripted_ = true;
     script_ = std::move(verdicts);
+    script_solo_ns_ = solo_ns;
+    script_ns_ = ns;
   }
 
   // Profiling of the hand-offs (off by default: three clock reads per task). Per worker (0: the
@@ -282,8 +316,9 @@ class StepPool {
   static constexpr int64_t kStallNs = 1000000;
   bool stall_fallback_ = true;
   StallFallback fallback_;
-  bool scripted_ = false;          // script_stalls()
+  bool scripted_ = false;          // script_steps()
   std::vector<int64_t> script_;    // its verdicts still to use
+  int64_t script_solo_ns_ = 0, script_ns_ = 0;
   int64_t stalled_ns_ = 0;         // this step: the calling thread's waits longer than kStallNs
   bool profiling_ = false;
   std::atomic<bool> step_profiled_{false};  // this step's (written before the ticket word is published)

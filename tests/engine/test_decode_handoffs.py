@@ -112,21 +112,23 @@ def test_an_expected_step_finds_the_helper_awake(ops, smollm2_native):
         torch.set_num_threads(threads)
 
 
-def _thread_counts(decoder, steps: int) -> str:
-    """Runs ``steps`` steps of a tiny decoder asked for two threads -> a character per step: '1' when the
-    stall fallback ran it on the calling thread alone, '2' when on two threads."""
+def _thread_counts(decoder, steps: int, rows: int = 2) -> str:
+    """Runs ``steps`` steps of ``rows`` rows of a tiny decoder asked for two threads -> a character per
+    step: '1' when the stall fallback ran it on the calling thread alone, '2' when on two threads."""
     out = []
     for _ in range(steps):
         solo = decoder.solo_steps()
-        decoder.step(torch.tensor([1, 2]), torch.tensor([0, 0]), torch.tensor([0, 1]), torch.tensor([0, 1]))
+        decoder.step(torch.tensor([1, 2][:rows]), torch.tensor([0, 0][:rows]), torch.tensor([0, 1][:rows]),
+                     torch.tensor([0, 1][:rows]))
         out.append("1" if decoder.solo_steps() > solo else "2")
     return "".join(out)
 
 
 @pytest.fixture
 def scripted_decoder(ops):
-    """A tiny decoder on two threads whose steps' stall verdicts a test gives (``script_stalls``), so the
-    stall fallback's policy (engine/step_pool.h's StallFallback) is checked whatever the machine's load."""
+    """A tiny decoder on two threads whose steps' stall verdicts and times a test gives (``script_steps``:
+    here a two-thread step takes half a one-thread step's time), so the stall fallback's policy
+    (engine/step_pool.h's StallFallback) is checked whatever the machine's load."""
     from tests.engine.test_kernels import _tiny_decoder
 
     threads = torch.get_num_threads()
@@ -134,7 +136,7 @@ def scripted_decoder(ops):
     try:
         decoder = _tiny_decoder(torch.randn(40, 64, generator=torch.Generator().manual_seed(1)))
         decoder.set_stall_fallback(True)
-        decoder.script_stalls([])  # every step clean until a test says otherwise
+        decoder.script_steps([], 2, 1)  # every step clean until a test says otherwise
         yield decoder
     finally:
         torch.set_num_threads(threads)
@@ -145,9 +147,9 @@ def test_one_stall_costs_four_steps_on_one_thread(scripted_decoder):
     run alone, then two threads again; a fixed span of 64 steps cost half of a 128-token reply at one
     thread's speed. After 32 clean steps the next stall costs 4 again."""
     d = scripted_decoder
-    d.script_stalls([0, 0, 1])
+    d.script_steps([0, 0, 1], 2, 1)
     assert _thread_counts(d, 40) == "222" + "1" * 4 + "2" * 33
-    d.script_stalls([1])
+    d.script_steps([1], 2, 1)
     assert _thread_counts(d, 10) == "2" + "1" * 4 + "2" * 5
     assert d.solo_steps() == 8
 
@@ -156,7 +158,7 @@ def test_stalls_that_come_back_double_the_span_up_to_128(scripted_decoder):
     """Sustained contention: every two-thread retry stalls, so the spans run 4, 8, 16, 32, 64, then 128
     steps alone per retry, all but one step in 129 alone from then on."""
     d = scripted_decoder
-    d.script_stalls([1] * 100)
+    d.script_steps([1] * 100, 2, 1)
     spans = [4, 8, 16, 32, 64, 128, 128, 128]
     assert _thread_counts(d, sum(spans) + len(spans)) == "".join("2" + "1" * n for n in spans)
 
@@ -165,7 +167,7 @@ def test_a_stall_within_32_clean_steps_still_doubles_the_span(scripted_decoder):
     """Contention with a few clean steps between stalls is still contention: a stall before 32 clean
     two-thread steps in a row doubles the span; 32 in a row set it back to 4."""
     d = scripted_decoder
-    d.script_stalls([1, 0, 0, 0, 0, 1] + [0] * 31 + [1] + [0] * 32 + [1])
+    d.script_steps([1, 0, 0, 0, 0, 1] + [0] * 31 + [1] + [0] * 32 + [1], 2, 1)
     assert _thread_counts(d, 1 + 4 + 5 + 8 + 31 + 1 + 16 + 32 + 1 + 4 + 2) == (
         "2" + "1" * 4 + "2" * 5 + "1" * 8 + "2" * 31 + "2" + "1" * 16 + "2" * 32 + "2" + "1" * 4 + "22")
 
@@ -174,11 +176,32 @@ def test_without_the_fallback_stalled_steps_keep_two_threads(scripted_decoder):
     """``set_stall_fallback(False)`` (the A/Bs of the fallback itself): always the threads asked for;
     on again, the fallback starts over (a stall costs 4 steps, not the span it had grown to)."""
     d = scripted_decoder
-    d.script_stalls([1] * 3)
+    d.script_steps([1] * 3, 2, 1)
     assert _thread_counts(d, 18) == "2" + "1" * 4 + "2" + "1" * 8 + "2" + "1" * 3
     d.set_stall_fallback(False)
-    d.script_stalls([1] * 5)
+    d.script_steps([1] * 5, 2, 1)
     assert _thread_counts(d, 5) == "2" * 5
     d.set_stall_fallback(True)
-    d.script_stalls([1])
+    d.script_steps([1], 2, 1)
     assert _thread_counts(d, 6) == "2" + "1" * 4 + "2"
+
+
+def test_retries_slower_than_one_thread_double_the_span(scripted_decoder):
+    """Contention that slows two threads without a long wait on the calling thread: the retry after a
+    span is not stalled but takes longer than the span's one-thread steps, so one thread is faster and
+    the span doubles as for a stall; a retry as fast as one thread does not count."""
+    d = scripted_decoder
+    d.script_steps([1], 1000, 1001)
+    assert _thread_counts(d, 1 + 4 + 1 + 8 + 1 + 16 + 1) == "2" + "1" * 4 + "2" + "1" * 8 + "2" + "1" * 16 + "2"
+    d.set_stall_fallback(True)  # starts over
+    d.script_steps([1], 1000, 1000)
+    assert _thread_counts(d, 1 + 4 + 3) == "2" + "1" * 4 + "222"
+
+
+def test_a_retry_of_another_kind_of_step_is_not_compared(scripted_decoder):
+    """The retry is compared only with one-thread steps of its own kind (the same phases and units): a
+    one-row step after a span of two-row steps says nothing about two threads for either."""
+    d = scripted_decoder
+    d.script_steps([1], 1000, 2000)
+    assert _thread_counts(d, 1 + 4) == "2" + "1" * 4
+    assert _thread_counts(d, 3, rows=1) == "222"
