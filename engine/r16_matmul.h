@@ -33,6 +33,11 @@
 // group, AMX's VNNI B-tile rows (16 columns x 4 consecutive K bytes, unsigned: TDPBSUD); Q4's lines hold
 // the nibble pairs (k, k + 16) of 4 consecutive k instead.
 //
+// PROMPT ROWS in AMX tiles (r16_tiles.h; the one-call step's inputs of 9+ rows where AMX runs) are
+// quantized to 12-bit blocks instead (I16Rows::bits = 12): s = amax / 2047, Q in [-2047, 2047], Q = 16 q1
+// + q2 with q1 = Q >> 4 and q2 = Q & 15, the block's 32 q1 bytes and 32 q2 bytes side by side (one K = 64
+// tile product per block for Q4). x^ is then within s / 2 = amax / 4094 of x.
+//
 // The result is dequantize(W) . x^ up to fp32 rounding (the tests' twin). Needs AVX-512 F/BW/VNNI and
 // F16C at compile time (-march=native, so this CPU's); elsewhere a scalar version of the same integer
 // sums runs (correct, slow).

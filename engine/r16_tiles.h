@@ -21,7 +21,9 @@
 // here): TDPBSUD costs the same at K = 32 and 64 (~5 ns a 16-row tile), and the product -> tile store ->
 // epilogue chain set the pace of the two-product kernel (two products, two stores, a shift and an add
 // per row and block). The price: 12-bit instead of 15-bit activations in prompt rows (x^ within
-// amax / 4094 of x instead of amax / 32512); the quality report's int16 row measures it.
+// amax / 4094 of x instead of amax / 32512): the quality report's int16 row on SmolLM2 stays at top-1
+// 1.000, its mean KL from fp32 5.7e-6 against 3.0e-7 with int16 prompt rows (bf16 prompt rows: 3.1e-5;
+// docs/engine.md, eleventh session).
 //
 // Two products per block (int16 rows, and Q8_0 whatever the rows: 16 (q + 128) does not fit a byte):
 //   A = q1 (or q2) of up to 16 activation rows at block b: rows of 32 bytes, read in place (row stride K
@@ -53,7 +55,9 @@
 namespace voxlane::r16 {
 
 // Activation rows from which R16 products run in tiles (where AMX runs): prompt chunks only. Why
-// (`python -m bench.linear_ab --int16`, SmolLM2's Q4_1 matrices, 1 thread, load 3.4): at 2 rows the
+// (`python -m bench.linear_ab --int16`, SmolLM2's Q4_1 matrices, 1 thread, load 3.4; the two-product
+// kernel on int16 rows, eighth session; the one-product kernel on 12-bit rows took 0.85-1.08x its time at
+// 9-16 rows in the eleventh, down the slowest): at 2 rows the
 // tiles took 1.5-1.7x the VNNI kernel's time (0.084 vs 0.055 ms for gate/up), at 8 rows 1.0x (gate/up,
 // q) and 1.25x (down); from 16 rows they are 1.16-1.46x faster (two products and two tile stores per
 // block and 16 activation rows; the VNNI kernel takes 8 rows per pass over the weights).
