@@ -390,9 +390,9 @@ inline void matmul(const Weight& w, const I16Rows& x, int64_t M, float* y, int64
     each_16_rows(g, [&](auto r, const I16Rows& rows, float* out) __attribute__((always_inline)) {
       constexpr int kR = decltype(r)::value;
       if constexpr (!kQ4) {
-        if (x.bits == 12) return row_block<Lay, kR, 4>(w, bt, scales, next, rows, out, ldy);
+        if (x.bits == 12) return row_block<Lay, kR, Split<12>::kShift>(w, bt, scales, next, rows, out, ldy);
       }
-      row_block<Lay, kR, 7>(w, bt, scales, next, rows, out, ldy);
+      row_block<Lay, kR, Split<16>::kShift>(w, bt, scales, next, rows, out, ldy);
     });
   }
   if (loaded >= 0) _tile_release();
