@@ -8,9 +8,10 @@ alternating round by round in one process; prints the median ms of each and the 
 second, and the 1-minute load average before and after. One thread unless ``--threads``.
 
 ``--int16``: int16 activations on SmolLM2's R16-packed matrices (engine/r16_tiles.h) instead, through
-``quant_linear_r16`` (x quantized to int16 blocks per call): AMX int8 tiles reading R16 against the VNNI
-kernel (r16_matmul.h), and the fp32- and bf16-activation products of the same matrix in the file's
-blocks (``quant_linear``, ``quant_linear_bf16x``: a prompt chunk's paths without int16), alternating.
+``quant_linear_r16`` (x quantized per call): AMX int8 tiles reading R16 on 12-bit blocks (``tiles``, the
+step's prompt rows: one product per block) and on int16 blocks (``tiles16``: two), against the VNNI kernel
+(r16_matmul.h), and the fp32- and bf16-activation products of the same matrix in the file's blocks
+(``quant_linear``, ``quant_linear_bf16x``: a prompt chunk's paths without int16), alternating.
 """
 from __future__ import annotations
 
@@ -123,6 +124,7 @@ def int16_rows(args, ops) -> None:
         packed = w.blocks.clone()
         ops.quant_r16_pack_(packed, w.format, w.cols)
         arms = {"tiles": lambda x: ops.quant_linear_r16(x, packed, w.format, w.cols, 1),
+                "tiles16": lambda x: ops.quant_linear_r16(x, packed, w.format, w.cols, 3),
                 "vnni": lambda x: ops.quant_linear_r16(x, packed, w.format, w.cols, 0),
                 "fp32": lambda x: ops.quant_linear(x, w.blocks, w.format, w.cols, None, None),
                 "bf16": lambda x: ops.quant_linear_bf16x(x, w.blocks, w.format, w.cols, None, None)}
@@ -131,7 +133,7 @@ def int16_rows(args, ops) -> None:
             gmacs = M * w.rows * w.cols / 1e9
             print(f"smollm2 {label} {fmt.NAMES[w.format]} {w.rows}x{w.cols}, {M} rows: " + ", ".join(
                 f"{a} {t:.3f} ms ({gmacs / t * 1e3:.0f} G/s)" for a, t in med.items())
-                + f"; tiles vs vnni {med['vnni'] / med['tiles']:.2f}x, vs fp32 {med['fp32'] / med['tiles']:.2f}x, "
+                + f"; tiles vs tiles16 {med['tiles16'] / med['tiles']:.2f}x, vs vnni {med['vnni'] / med['tiles']:.2f}x, vs fp32 {med['fp32'] / med['tiles']:.2f}x, "
                 f"vs bf16 {med['bf16'] / med['tiles']:.2f}x", flush=True)
 
 

@@ -47,8 +47,9 @@ class EngineConfig:
     bf16_activations: bool = False
     # native only: decoding batches (<= 8 rows) quantize the inputs of Q4_0 / Q4_1 / Q8_0 matmuls to int16
     # per block of 32 (finer than bf16) and multiply them through VNNI, those weights rewritten in place
-    # in a 16-row interleaved layout (engine/r16_matmul.h; no extra memory); prompt chunks and other
-    # formats keep their activations
+    # in a 16-row interleaved layout (engine/r16_matmul.h; no extra memory); where AMX runs, prompt chunks
+    # (9+ rows) quantize them to 12-bit blocks for AMX int8 tiles (engine/r16_tiles.h); without AMX prompt
+    # chunks, and other formats, keep their activations
     int16_activations: bool = False
     max_batch_size: int = 8  # sequences decoded together in one step
     num_slots: int = 8  # KV-cache slots (running sequences + idle conversations kept warm)

@@ -698,7 +698,9 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
   // Int8 activations: the four inputs' Q8 blocks (q bytes, then d and s per block); int16: their int16
   // blocks (q1 and q2 bytes, then s, sx and sumq per block) in decoding batches (T <= 8), and for the
   // LM head wherever it has <= 8 rows (a prompt chunk's last token: else its R16 rows would be unpacked
-  // for the fp32 path); with AMX (the R16 products of prompt chunks in int8 tiles, r16_tiles.h), every step.
+  // for the fp32 path); with AMX (the R16 products of prompt chunks in int8 tiles, r16_tiles.h), every
+  // step, an input of kTileMinRows+ rows (a prompt chunk's, with any decoding rows in its step) as 12-bit
+  // blocks (r16_matmul.h's I16Rows with bits 12: the tiles' one product per block).
   at::Tensor q_bytes, q_scales;
   const int64_t widths[4] = {D, H * d, I, D};
   if (int8_activations_) {
@@ -710,9 +712,11 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
     const int64_t t = T <= 8 || i16_tiles ? T : 0;
     carve_blocks<r16::I16Rows>(widths, {t, t, t, n <= 8 || i16_tiles ? n : 0}, 2, 3,
                                {&buffers.hi, &buffers.attni, &buffers.acti, &buffers.logiti}, q_bytes, q_scales,
-                               [](int8_t* q, float* sc, int64_t values, int64_t width) {
+                               [&](int8_t* q, float* sc, int64_t values, int64_t width) {
                                  const int64_t nb = values / r16::kBlock;
-                                 return r16::I16Rows{q, q + values, sc, sc + nb, reinterpret_cast<int32_t*>(sc + 2 * nb), width};
+                                 const bool b12 = i16_tiles && values / width >= r16::kTileMinRows;
+                                 return r16::I16Rows{q, b12 ? q + r16::kBlock : q + values, sc, sc + nb,
+                                                     reinterpret_cast<int32_t*>(sc + 2 * nb), width, b12 ? 12 : 16};
                                });
   }
   argmax_stride_ = n + 8;

@@ -4,13 +4,16 @@
 //   quant_linear_i16(x, w, format, K, bias?) -> [M, N] f32  x as int16 blocks, the weights' R16 copy
 //                                                            (r16_matmul.h; as the one-call step's Linear)
 //   quant_linear_r16(x, w, format, K, tiles) -> [M, N]   the same on w already in R16 (N % 16 == 0), any M:
-//                                                            tiles 1 AMX int8 tiles (r16_tiles.h), 0 the
-//                                                            VNNI kernel, -1 as the step chooses, 2 the
-//                                                            decoding batches' tiles (r16_batch.h, M <= 8)
+//                                                            tiles 1 AMX int8 tiles (r16_tiles.h) on x as
+//                                                            12-bit blocks (the step's prompt rows), 3 the
+//                                                            tiles on int16 blocks, 0 the VNNI kernel, -1
+//                                                            as the step chooses, 2 the decoding batches'
+//                                                            tiles (r16_batch.h, M <= 8)
 //   quant_r16_pack_(w, format, K) -> w                    w's blocks rewritten in the R16 layout, in place
-//   quantize_i16(x [M, K], how) -> [q1, q2 int8 [M, K], s, sx [M, K / 32] f32, sumq int32]   x's int16
-//                                                            blocks (r16_matmul.h): how 0 one block at a
-//                                                            time, 1 quantize_rows, 2 quantize_column (tests)
+//   quantize_i16(x [M, K], how, bits=16) -> [q1, q2 int8 [M, K], s, sx [M, K / 32] f32, sumq int32]   x's
+//                                                            int16 (bits 12: 12-bit) blocks (r16_matmul.h):
+//                                                            how 0 one block at a time, 1 quantize_rows, 2
+//                                                            quantize_column (tests)
 //   quant_linear_bf16x(x, w, format, K, row_scale?, bias?)   bf16 activations where the format has them
 //                                                            (prefill_gemm.h; bf16_activation_tiles(format))
 //                                                            (from 16 rows: AMX int8 tiles where q8_activation_tiles)
@@ -115,18 +118,23 @@ at::Tensor quant_linear_q8(const at::Tensor& x, const at::Tensor& w, int64_t for
   return y;
 }
 
-// x [M, K] (K % 32 == 0) as int16 blocks, made one block at a time (how 0: r16::quantize per block), by
-// rows (1: quantize_rows) or by columns of blocks (2: quantize_column, as the step's gate/up tasks): tests.
-std::vector<at::Tensor> quantize_i16(const at::Tensor& x, int64_t how) {
+// x [M, K] (K % 32 == 0) as int16 blocks (bits 16) or 12-bit ones (bits 12; q1 and q2 returned apart, not
+// side by side as the tiles read them), made one block at a time (how 0: r16::quantize per block), by rows
+// (1: quantize_rows) or by columns of blocks (2: quantize_column, as the step's gate/up tasks): tests.
+std::vector<at::Tensor> quantize_i16(const at::Tensor& x, int64_t how, int64_t bits) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) % r16::kBlock == 0 &&
-                  how >= 0 && how <= 2,
-              "x: contiguous float32 [M, K % 32 == 0]; how 0, 1 or 2");
+                  how >= 0 && how <= 2 && (bits == 16 || bits == 12),
+              "x: contiguous float32 [M, K % 32 == 0]; how 0, 1 or 2; bits 16 or 12");
   const int64_t M = x.size(0), K = x.size(1), nb = K / r16::kBlock;
+  at::Tensor bytes = at::empty({M, nb, 2, r16::kBlock}, x.options().dtype(at::kChar));  // bits 12: [q1 | q2] per block
   at::Tensor q1 = at::empty({M, K}, x.options().dtype(at::kChar)), q2 = at::empty({M, K}, x.options().dtype(at::kChar));
   at::Tensor s = at::empty({M, nb}, x.options()), sx = at::empty({M, nb}, x.options());
   at::Tensor sumq = at::empty({M, nb}, x.options().dtype(at::kInt));
-  const r16::I16Rows rows{q1.data_ptr<int8_t>(), q2.data_ptr<int8_t>(), s.data_ptr<float>(), sx.data_ptr<float>(),
-                          sumq.data_ptr<int32_t>(), K};
+  const r16::I16Rows rows = bits == 12 ? r16::I16Rows{bytes.data_ptr<int8_t>(), bytes.data_ptr<int8_t>() + r16::kBlock,
+                                                      s.data_ptr<float>(), sx.data_ptr<float>(), sumq.data_ptr<int32_t>(),
+                                                      K, 12}
+                                       : r16::I16Rows{q1.data_ptr<int8_t>(), q2.data_ptr<int8_t>(), s.data_ptr<float>(),
+                                                      sx.data_ptr<float>(), sumq.data_ptr<int32_t>(), K};
   const float* xp = x.data_ptr<float>();
   if (how == 1) {
     r16::quantize_rows(xp, M, K, rows);
@@ -136,23 +144,29 @@ std::vector<at::Tensor> quantize_i16(const at::Tensor& x, int64_t how) {
     for (int64_t m = 0; m < M; ++m)
       for (int64_t c = 0; c < K; c += r16::kBlock) r16::quantize(xp + m * K + c, r16::kBlock, rows.at_row(m), c);
   }
+  if (bits == 12) {
+    q1 = bytes.select(2, 0).reshape({M, K});
+    q2 = bytes.select(2, 1).reshape({M, K});
+  }
   return {q1, q2, s, sx, sumq};
 }
 
 // Whether format's int8-activation products of 16+ rows run in AMX int8 tiles here (q8_matmul.h).
 bool q8_activation_tiles(int64_t format) { return q8_tiles(format); }
 
-// x [M, cols] quantized to int16 blocks (r16::quantize_rows), in tensors held here.
+// x [M, cols] quantized to int16 blocks (bits 12: 12-bit ones, as the step's prompt rows; r16::quantize_rows),
+// in tensors held here.
 struct I16Input {
   at::Tensor bytes, scales;
   r16::I16Rows rows;
-  I16Input(const at::Tensor& x, int64_t cols) {
+  I16Input(const at::Tensor& x, int64_t cols, int bits = 16) {
     const int64_t M = x.size(0), nb = cols / r16::kBlock;
     bytes = at::empty({2, M, cols}, x.options().dtype(at::kChar));
     scales = at::empty({3, M, nb}, x.options());
     float* sc = scales.data_ptr<float>();
-    rows = r16::I16Rows{bytes.data_ptr<int8_t>(), bytes.data_ptr<int8_t>() + M * cols, sc, sc + M * nb,
-                        reinterpret_cast<int32_t*>(sc + 2 * M * nb), cols};
+    int8_t* q = bytes.data_ptr<int8_t>();
+    rows = r16::I16Rows{q, bits == 12 ? q + r16::kBlock : q + M * cols, sc, sc + M * nb,
+                        reinterpret_cast<int32_t*>(sc + 2 * M * nb), cols, bits};
     r16::quantize_rows(x.data_ptr<float>(), M, cols, rows);
   }
 };
@@ -189,18 +203,22 @@ at::Tensor quant_linear_i16(const at::Tensor& x, const at::Tensor& w, int64_t fo
 }
 
 // x [M, K] as int16 blocks times w, already in the R16 layout (quant_r16_pack_; N % 16 == 0), no bias:
-// tiles = 1 in AMX int8 tiles (an error where they cannot run), 0 the VNNI kernel (r16::matvec), -1 as
-// the one-call step's Linear chooses (r16::product), 2 the batch tiles (r16::batch_product: M <= 8, an
-// error where they cannot run). Each thread takes a contiguous range of groups.
+// tiles = 1 in AMX int8 tiles on x as 12-bit blocks (the step's prompt rows; an error where they cannot
+// run), 3 the tiles on int16 blocks, 0 the VNNI kernel (r16::matvec), -1 as the one-call step's Linear
+// chooses (r16::product: 12-bit blocks in the tiles from kTileMinRows rows where they run, else int16
+// blocks), 2 the batch tiles (r16::batch_product: M <= 8, an error where they cannot run). Each thread
+// takes a contiguous range of groups.
 at::Tensor quant_linear_r16(const at::Tensor& x, const at::Tensor& w, int64_t format, int64_t cols, int64_t tiles) {
   const QWeight q = qweight_of(w, format, cols, c10::nullopt, c10::nullopt);
   TORCH_CHECK(r16::has_layout(format) && q.rows % r16::kRows == 0, "format ", format, " with ", q.rows,
               " rows: no R16 layout");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) == cols && x.size(0) >= 1,
               "x: contiguous float32 [M, ", cols, "]");
-  TORCH_CHECK(tiles != 1 || r16::tiles_run(r16::kTileMinRows), "AMX int8 tiles do not run here");
+  TORCH_CHECK(tiles >= -1 && tiles <= 3, "tiles: -1, 0, 1, 2 or 3");
+  TORCH_CHECK((tiles != 1 && tiles != 3) || r16::tiles_run(r16::kTileMinRows), "AMX int8 tiles do not run here");
   const int64_t M = x.size(0), N = q.rows;
-  const I16Input in(x, cols);
+  const bool b12 = tiles == 1 || (tiles == -1 && r16::tiles_run(M));
+  const I16Input in(x, cols, b12 ? 12 : 16);
   const r16::I16Rows& rows = in.rows;
   TORCH_CHECK(tiles != 2 || r16::batch_tiles_usable(rows, M), "the batch tiles do not run here (or M > 8)");
   const r16::Weight r = r16::view(format, q.data, N, cols, q.row_bytes);
@@ -208,12 +226,12 @@ at::Tensor quant_linear_r16(const at::Tensor& x, const at::Tensor& w, int64_t fo
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, N / r16::kRows, 1, [&](int64_t g0, int64_t g1) {
     if (tiles == 2) return r16::batch_product(r, rows, M, yp, N, g0 * r16::kRows, g1 * r16::kRows, true);
-    r16::product(r, rows, M, yp, N, g0 * r16::kRows, g1 * r16::kRows, static_cast<int>(tiles));
+    r16::product(r, rows, M, yp, N, g0 * r16::kRows, g1 * r16::kRows, tiles == 3 ? 1 : static_cast<int>(tiles));
   });
   return y;
 }
 
-int64_t r16_tile_calls() { return r16::tile_calls(); }
+int64_t r16_tile_calls(int64_t bits) { return r16::tile_calls(static_cast<int>(bits)); }
 int64_t r16_batch_tile_calls() { return r16::batch_tile_calls(); }
 
 // Allow or forbid the batch tiles (r16_batch.h) in decoding batches -> whether they run now (allowed,
@@ -289,12 +307,12 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
   m.def("quant_linear_i16(Tensor x, Tensor w, int format, int cols, Tensor? bias) -> Tensor");
   m.def("r16_vnni() -> bool", &voxlane::r16_vnni);
   m.def("quant_linear_r16(Tensor x, Tensor w, int format, int cols, int tiles) -> Tensor");
-  m.def("r16_tile_calls() -> int", &voxlane::r16_tile_calls);
+  m.def("r16_tile_calls(int bits=0) -> int", &voxlane::r16_tile_calls);
   m.def("r16_batch_tile_calls() -> int", &voxlane::r16_batch_tile_calls);
   m.def("set_r16_batch_tiles(bool allowed) -> bool", &voxlane::set_r16_batch_tiles);
   m.def("r16_layout(int format) -> bool", &voxlane::r16_layout);
   m.def("quant_r16_pack_(Tensor(a!) w, int format, int cols) -> Tensor(a!)");
-  m.def("quantize_i16(Tensor x, int how) -> Tensor[]");
+  m.def("quantize_i16(Tensor x, int how, int bits=16) -> Tensor[]");
   m.def("quant_linear_bf16x(Tensor x, Tensor w, int format, int cols, Tensor? row_scale, Tensor? bias) -> Tensor");
   m.def("bf16_activation_tiles(int format) -> bool", &voxlane::bf16_activation_tiles);
   m.def("q8_activation_tiles(int format) -> bool", &voxlane::q8_activation_tiles);

@@ -181,11 +181,11 @@ inline std::atomic<bool>& batch_tiles_allowed() {
 // per block, ~25 ns in one linear, is the VNNI kernel's whole cost per block at 2-4 rows).
 constexpr int64_t kBatchTileMinRows = 8;
 
-// Whether the batch tiles can take M rows of x here: 1-8 rows whose q2 follows q1 (x holds exactly
+// Whether the batch tiles can take M rows of x here: 1-8 int16 rows whose q2 follows q1 (x holds exactly
 // those rows), built with AMX int8 and VNNI, allowed (set_r16_batch_tiles, set_prefill_amx) and granted.
 inline bool batch_tiles_usable(const I16Rows& x, int64_t M) {
 #if defined(VOXLANE_R16_TILES)
-  return M >= 1 && M <= 8 && x.q2 == x.q1 + M * x.K && batch_tiles_allowed().load(std::memory_order_relaxed) &&
+  return M >= 1 && M <= 8 && x.bits == 16 && x.q2 == x.q1 + M * x.K && batch_tiles_allowed().load(std::memory_order_relaxed) &&
          amx_runs();
 #else
   (void)x, (void)M;

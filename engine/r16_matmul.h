@@ -33,6 +33,11 @@
 // group, AMX's VNNI B-tile rows (16 columns x 4 consecutive K bytes, unsigned: TDPBSUD); Q4's lines hold
 // the nibble pairs (k, k + 16) of 4 consecutive k instead.
 //
+// PROMPT ROWS in AMX tiles (r16_tiles.h; the one-call step's inputs of 9+ rows where AMX runs) are
+// quantized to 12-bit blocks instead (I16Rows::bits = 12): s = amax / 2047, Q in [-2047, 2047], Q = 16 q1
+// + q2 with q1 = Q >> 4 and q2 = Q & 15, the block's 32 q1 bytes and 32 q2 bytes side by side (one K = 64
+// tile product per block for Q4). x^ is then within s / 2 = amax / 4094 of x.
+//
 // The result is dequantize(W) . x^ up to fp32 rounding (the tests' twin). Needs AVX-512 F/BW/VNNI and
 // F16C at compile time (-march=native, so this CPU's); elsewhere a scalar version of the same integer
 // sums runs (correct, slow).
@@ -54,29 +59,52 @@ namespace voxlane::r16 {
 
 constexpr int64_t kRows = 16;   // weight rows per group (the vector's int32 lanes)
 constexpr int64_t kBlock = 32;  // activation values per int16 block
-constexpr int kQMax = 16256;    // 128 * 127: |Q| <= kQMax
+constexpr int kQMax = 16256;    // 128 * 127: |Q| <= kQMax (int16 blocks)
+constexpr int kQMax12 = 2047;   // 12-bit blocks (prompt rows in AMX tiles, r16_tiles.h): |Q| <= kQMax12
 
 // Rows of activations as int16 blocks: q1, q2 [rows, K] int8; s, sx [rows, K / 32] fp32; sumq
-// [rows, K / 32] int32 (row-major).
+// [rows, K / 32] int32 (row-major). Or, with bits == 12 (the AMX tiles' prompt rows, r16_tiles.h), as
+// 12-bit blocks: s = amax / 2047, Q = round(x / s) in [-2047, 2047], split Q = 16 q1 + q2 with q1 = Q >> 4
+// in [-128, 127] and q2 = Q & 15 in [0, 15]; q1 then holds [rows, 2K] bytes, block b of a row at 64 b: its
+// 32 q1 bytes, then its 32 q2 bytes (q2 = q1 + 32, so each is read with a row stride of 2K), which is a
+// tile row of one K = 64 product (A = [q1 | q2], B = [16 u | u]: sum Q u at once).
 struct I16Rows {
   int8_t *q1 = nullptr, *q2 = nullptr;
   float *s = nullptr, *sx = nullptr;
   int32_t* sumq = nullptr;
   int64_t K = 0;
+  int bits = 16;
   int64_t blocks() const { return K / kBlock; }
+  int64_t stride() const { return bits == 12 ? 2 * K : K; }  // bytes from a row's q1 (q2) to the next row's
+  // Byte offset in a row of q1 (and q2) of the block that starts at value c (a multiple of 32).
+  int64_t at(int64_t c) const { return bits == 12 ? 2 * c : c; }
   I16Rows at_row(int64_t m) const {
-    return {q1 + m * K, q2 + m * K, s + m * blocks(), sx + m * blocks(), sumq + m * blocks(), K};
+    return {q1 + m * stride(), q2 + m * stride(), s + m * blocks(), sx + m * blocks(), sumq + m * blocks(), K, bits};
   }
 };
 
+// The split of Q: Q = (1 << kShift) q1 + q2 (bits 16: 128, q2 in [-64, 63]; bits 12: 16, q2 in [0, 15]).
+template <int Bits> struct Split;
+template <> struct Split<16> { static constexpr int kShift = 7, kQMax = r16::kQMax; };
+template <> struct Split<12> { static constexpr int kShift = 4, kQMax = kQMax12; };
+
 #if defined(VOXLANE_R16_VNNI)
 // 16 values v -> Q = round(v * inv) (the MXCSR's rounding: to nearest, ties to even) in [-kQMax, kQMax],
-// stored as q1 = (Q + 64) >> 7 at q1 and q2 = Q - 128 q1 at q2 -> Q.
+// stored as q1 = (Q + 64) >> 7 at q1 and q2 = Q - 128 q1 at q2 -> Q; Bits 12: in [-kQMax12, kQMax12],
+// q1 = Q >> 4 and q2 = Q & 15.
+template <int Bits = 16>
 inline __m512i quantize16(__m512 v, __m512 inv, int8_t* q1, int8_t* q2) {
+  constexpr int kMax = Split<Bits>::kQMax;
   __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, inv));
-  q = _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(kQMax)), _mm512_set1_epi32(-kQMax));
-  const __m512i hi = _mm512_srai_epi32(_mm512_add_epi32(q, _mm512_set1_epi32(64)), 7);
-  const __m512i lo = _mm512_sub_epi32(q, _mm512_slli_epi32(hi, 7));
+  q = _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(kMax)), _mm512_set1_epi32(-kMax));
+  __m512i hi, lo;
+  if constexpr (Bits == 16) {
+    hi = _mm512_srai_epi32(_mm512_add_epi32(q, _mm512_set1_epi32(64)), 7);
+    lo = _mm512_sub_epi32(q, _mm512_slli_epi32(hi, 7));
+  } else {
+    hi = _mm512_srai_epi32(q, 4);
+    lo = _mm512_and_si512(q, _mm512_set1_epi32(15));
+  }
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q1), _mm512_cvtepi32_epi8(hi));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q2), _mm512_cvtepi32_epi8(lo));
   return q;
@@ -104,16 +132,17 @@ constexpr int kQuantizeTogether = 6;
 
 // n <= 16 blocks of 32 values, block i at x + i * ldx, into row i * row_step of xi at value c0 + i * c_step:
 // quantize's outputs for each (the same fp32 divisions, products and roundings per block; max and integer
-// sums in another order, exact), the blocks' maxima and sums reduced together (reduce_lanes16).
-inline void quantize_blocks(const float* x, int64_t ldx, int n, const I16Rows& xi, int64_t row_step, int64_t c0,
-                            int64_t c_step) {
-  const int64_t K = xi.K, nb = xi.blocks();
+// sums in another order, exact), the blocks' maxima and sums reduced together (reduce_lanes16). Bits: xi.bits.
+template <int Bits>
+inline void quantize_blocks_as(const float* x, int64_t ldx, int n, const I16Rows& xi, int64_t row_step, int64_t c0,
+                               int64_t c_step) {
+  const int64_t nb = xi.blocks();
   __m512 a[16];
   for (int i = 0; i < 16; ++i)
     a[i] = i < n ? _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + i * ldx)), _mm512_abs_ps(_mm512_loadu_ps(x + i * ldx + 16)))
                  : _mm512_setzero_ps();
   const __m512 scale = _mm512_div_ps(reduce_lanes16(a, [](__m512 p, __m512 q) { return _mm512_max_ps(p, q); }),
-                                     _mm512_set1_ps(static_cast<float>(kQMax)));
+                                     _mm512_set1_ps(static_cast<float>(Split<Bits>::kQMax)));
   const __mmask16 nonzero = _mm512_cmp_ps_mask(scale, _mm512_setzero_ps(), _CMP_NEQ_OQ);
   alignas(64) float inverse[16];
   _mm512_store_ps(inverse, _mm512_maskz_div_ps(nonzero, _mm512_set1_ps(1.f), scale));
@@ -124,9 +153,9 @@ inline void quantize_blocks(const float* x, int64_t ldx, int n, const I16Rows& x
       continue;
     }
     const __m512 inv = _mm512_set1_ps(inverse[i]);
-    const int64_t at = i * row_step * K + c0 + i * c_step;
-    const __m512i q0 = quantize16(_mm512_loadu_ps(x + i * ldx), inv, xi.q1 + at, xi.q2 + at);
-    const __m512i q1 = quantize16(_mm512_loadu_ps(x + i * ldx + 16), inv, xi.q1 + at + 16, xi.q2 + at + 16);
+    const int64_t at = i * row_step * xi.stride() + xi.at(c0 + i * c_step);
+    const __m512i q0 = quantize16<Bits>(_mm512_loadu_ps(x + i * ldx), inv, xi.q1 + at, xi.q2 + at);
+    const __m512i q1 = quantize16<Bits>(_mm512_loadu_ps(x + i * ldx + 16), inv, xi.q1 + at + 16, xi.q2 + at + 16);
     sums[i] = _mm512_castsi512_ps(_mm512_add_epi32(q0, q1));
   }
   const __m512i sum = _mm512_castps_si512(reduce_lanes16(sums, [](__m512 p, __m512 q) {
@@ -144,6 +173,12 @@ inline void quantize_blocks(const float* x, int64_t ldx, int n, const I16Rows& x
     xi.sumq[blk] = sq[i];
   }
 }
+
+inline void quantize_blocks(const float* x, int64_t ldx, int n, const I16Rows& xi, int64_t row_step, int64_t c0,
+                            int64_t c_step) {
+  if (xi.bits == 12) quantize_blocks_as<12>(x, ldx, n, xi, row_step, c0, c_step);
+  else quantize_blocks_as<16>(x, ldx, n, xi, row_step, c0, c_step);
+}
 #endif
 
 // x[0, n) (n a multiple of 32) -> blocks 0.. of `row` starting at value c0 (a multiple of 32); where the
@@ -157,29 +192,37 @@ inline void quantize(const float* x, int64_t n, const I16Rows& row, int64_t c0) 
 #endif
   for (int64_t b = first; b < n / kBlock; ++b) {
     const float* xb = x + kBlock * b;
-    const int64_t at = c0 + kBlock * b, blk = at / kBlock;
+    const int64_t blk = (c0 + kBlock * b) / kBlock, at = row.at(c0 + kBlock * b);
+    const bool b12 = row.bits == 12;
+    const int qmax = b12 ? kQMax12 : kQMax;
     int sum = 0;
     float scale;
 #if defined(VOXLANE_R16_VNNI)
     const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-    scale = amax / static_cast<float>(kQMax);
+    scale = amax / static_cast<float>(qmax);
     const float inverse = scale != 0.f ? 1.f / scale : 0.f;
     const __m512 inv = _mm512_set1_ps(inverse);
-    const __m512i q0 = quantize16(v0, inv, row.q1 + at, row.q2 + at);
-    const __m512i q1 = quantize16(v1, inv, row.q1 + at + 16, row.q2 + at + 16);
+    __m512i q0, q1;
+    if (b12) {
+      q0 = quantize16<12>(v0, inv, row.q1 + at, row.q2 + at);
+      q1 = quantize16<12>(v1, inv, row.q1 + at + 16, row.q2 + at + 16);
+    } else {
+      q0 = quantize16(v0, inv, row.q1 + at, row.q2 + at);
+      q1 = quantize16(v1, inv, row.q1 + at + 16, row.q2 + at + 16);
+    }
     sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
 #else
     float amax = 0.f;
     for (int k = 0; k < kBlock; ++k) amax = std::fmax(amax, std::fabs(xb[k]));
-    scale = amax / static_cast<float>(kQMax);
+    scale = amax / static_cast<float>(qmax);
     const float inverse = scale != 0.f ? 1.f / scale : 0.f;
     for (int k = 0; k < kBlock; ++k) {
       int Q = static_cast<int>(std::nearbyint(xb[k] * inverse));
-      Q = Q > kQMax ? kQMax : (Q < -kQMax ? -kQMax : Q);
-      const int hi = (Q + 64) >> 7;  // arithmetic shift: floor
+      Q = Q > qmax ? qmax : (Q < -qmax ? -qmax : Q);
+      const int hi = b12 ? Q >> 4 : (Q + 64) >> 7;  // arithmetic shift: floor
       row.q1[at + k] = static_cast<int8_t>(hi);
-      row.q2[at + k] = static_cast<int8_t>(Q - 128 * hi);
+      row.q2[at + k] = static_cast<int8_t>(Q - (b12 ? 16 : 128) * hi);
       sum += Q;
     }
 #endif
@@ -510,7 +553,8 @@ inline void matvec_format(const Weight& w, const I16Rows& x, int64_t M, float* y
   with_rows<1, 8>(M, [&](auto rows) { matvec_groups<B, decltype(rows)::value>(w, x, y, ldy, n0, n1, descending); });
 }
 
-// y[m, n] = x^[m] . W[n] (no bias) for rows n in [n0, n1) (multiples of 16) and M rows of x (groups of 8).
+// y[m, n] = x^[m] . W[n] (no bias) for rows n in [n0, n1) (multiples of 16) and M rows of x (groups of 8);
+// x int16 blocks (bits 16: 12-bit rows are the prompt tiles', r16_tiles.h).
 inline void matvec(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
                    bool descending = false) {
   gguf::with_format(w.format, [&](auto block) {

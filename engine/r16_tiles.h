@@ -1,24 +1,45 @@
-// AMX int8 tiles reading R16 directly, with int16 activations (EngineConfig.int16_activations): the
-// products of M >= kTileMinRows activation rows (prompt chunks; decoding batches keep the VNNI kernel) on
-// the R16-covered formats (Q4_0, Q4_1, Q8_0; r16_matmul.h describes the layout and the activations).
+// AMX int8 tiles reading R16 directly: the products of M >= kTileMinRows activation rows (prompt chunks;
+// decoding batches keep the VNNI kernel or r16_batch.h's tiles) on the R16-covered formats (Q4_0, Q4_1,
+// Q8_0; r16_matmul.h describes the layout and the activations), with int16 activations
+// (EngineConfig.int16_activations). The one-call step quantizes these rows to 12-bit blocks (I16Rows with
+// bits 12: Q = 16 q1 + q2, q2 in [0, 15], q1 and q2 of a block side by side); int16 rows (bits 16, the
+// ops' tests and benchmarks) take the two-product path below.
 //
-// One product per 32-value block and part of x: C[m][n] = sum_k A[m][k] B[k][n] (TDPBSUD: A signed,
-// B unsigned) with
-//   A = q1 (or q2) of up to 16 activation rows at block b: rows of 32 bytes, read in place from the
-//       I16Rows (row stride K; no packing: the tile has as many rows as there are activation rows);
-//   B = the block's 16 weight rows as columns, 8 rows of 16 x 4 consecutive K bytes: AMX's VNNI layout,
-//       which R16's 64-byte lines are. Q8_0's 8 lines (u = q + 128) are the B tile as they lie in the
-//       group (loaded with stride 64). A Q4 line j holds K 4j..4j+3 in its low nibbles and 16+4j.. in
-//       its high ones: per group its lines are split once into 8 B rows per block (a per-worker buffer
-//       of nb x 512 bytes, reused by every 16 activation rows).
-// Two products per block (q1 and q2) into two C tiles; the epilogue per activation row m (lanes:
-// the 16 weight rows) is r16_matmul.h's, dot = (C1 << 7) + C2 - Z sum(Q) (Z = 8 for Q4_0, 128 for
-// Q8_0, in int32), acc[m] += float(dot) * (d[16] * s[m]) (+ m[16] * sx[m] for Q4_1): the same integer
-// sums as the vector kernel and the same fp32 operations per block in the same order, so the results
-// are its own (bit-equal where the compiler emits the same FMAs): tile_calls() counts the tiles' calls.
-// Block b + 1's tile loads (into a second bank of A and B tiles) and products are issued before block b's
-// epilogue (row_block), the epilogue's row count is known at compile time (its accumulators stay in
-// registers), and the next group's bytes are prefetched while one is multiplied.
+// 12-bit rows, Q4 (SmolLM2's body): ONE product per 32-value block, C[m][n] = sum_k A[m][k] B[k][n]
+// (TDPBSUD: A signed, B unsigned) with K = 64:
+//   A = [q1 | q2] of the block for up to 16 activation rows: 64 bytes where the I16Rows hold them (row
+//       stride 2K; no packing: the tile has as many rows as there are activation rows);
+//   B = [16 u | u]: 16 rows of 16 weight rows x 4 consecutive K bytes (AMX's VNNI layout). A Q4 line j
+//       holds K 4j..4j+3 in its low nibbles and 16+4j.. in its high ones, so B rows 0-3 are the lines'
+//       low nibbles shifted up (16 u <= 240 fits the unsigned byte), 4-7 their high nibbles masked in
+//       place (0xf0: already 16 u), 8-15 the same nibbles unscaled for the q2 half; a group's lines are
+//       split once into these 16 rows per block (split_nibbles12: a per-worker buffer of nb KB, reused by
+//       every 16 activation rows).
+// So C = sum_k (16 q1 + q2) u = sum Q u, one C tile and one 1 KB store per block, and the epilogue per
+// activation row m (lanes: the 16 weight rows) is dot = C (- 8 sum(Q) for Q4_0, in int32), acc[m] +=
+// float(dot) * (d[16] * s[m]) (+ m[16] * sx[m] for Q4_1). Why (tenth session's micro-benchmark, again
+// here): TDPBSUD costs the same at K = 32 and 64 (~5 ns a 16-row tile), and the product -> tile store ->
+// epilogue chain set the pace of the two-product kernel (two products, two stores, a shift and an add
+// per row and block). The price: 12-bit instead of 15-bit activations in prompt rows (x^ within
+// amax / 4094 of x instead of amax / 32512): the quality report's int16 row on SmolLM2 stays at top-1
+// 1.000, its mean KL from fp32 5.7e-6 against 3.0e-7 with int16 prompt rows (bf16 prompt rows: 3.1e-5;
+// docs/engine.md, eleventh session).
+//
+// Two products per block (int16 rows, and Q8_0 whatever the rows: 16 (q + 128) does not fit a byte):
+//   A = q1 (or q2) of up to 16 activation rows at block b: rows of 32 bytes, read in place (row stride K
+//       for int16 rows, 2K for 12-bit ones);
+//   B = the block's 16 weight rows as columns, 8 rows of 16 x 4 consecutive K bytes: Q8_0's 8 lines (u =
+//       q + 128) are the B tile as they lie in the group (loaded with stride 64); a Q4 group's lines are
+//       split once into 8 B rows per block (split_nibbles: nb x 512 bytes).
+// Two C tiles; the epilogue is r16_matmul.h's, dot = (C1 << S) + C2 - Z sum(Q) (S = 7 for int16, 4 for
+// 12-bit rows; Z = 8 for Q4_0, 128 for Q8_0, in int32), acc[m] += float(dot) * (d[16] * s[m]) (+ m[16] *
+// sx[m] for Q4_1): on int16 rows the same integer sums and fp32 operations per block in the same order as
+// the vector kernel, so the results are its own (bit-equal where the compiler emits the same FMAs).
+//
+// Both: block b + 1's tile loads (into a second bank of A and B tiles) and products are issued before
+// block b's epilogue (row_block), the epilogue's row count is known at compile time (its accumulators stay
+// in registers), and the next group's bytes are prefetched while one is multiplied. tile_calls() counts
+// the tiles' calls.
 #pragma once
 
 #include <algorithm>
@@ -34,7 +55,9 @@
 namespace voxlane::r16 {
 
 // Activation rows from which R16 products run in tiles (where AMX runs): prompt chunks only. Why
-// (`python -m bench.linear_ab --int16`, SmolLM2's Q4_1 matrices, 1 thread, load 3.4): at 2 rows the
+// (`python -m bench.linear_ab --int16`, SmolLM2's Q4_1 matrices, 1 thread, load 3.4; the two-product
+// kernel on int16 rows, eighth session; the one-product kernel on 12-bit rows took 0.85-1.08x its time at
+// 9-16 rows in the eleventh, down the slowest): at 2 rows the
 // tiles took 1.5-1.7x the VNNI kernel's time (0.084 vs 0.055 ms for gate/up), at 8 rows 1.0x (gate/up,
 // q) and 1.25x (down); from 16 rows they are 1.16-1.46x faster (two products and two tile stores per
 // block and 16 activation rows; the VNNI kernel takes 8 rows per pass over the weights).
@@ -48,16 +71,25 @@ inline std::atomic<int64_t>& calls() {
   static std::atomic<int64_t> n{0};
   return n;
 }
+inline std::atomic<int64_t>& calls12() {  // of them, on 12-bit rows
+  static std::atomic<int64_t> n{0};
+  return n;
+}
 
-// C (tiles 0, 1: the q1 and q2 sums, R x 64 bytes); two banks of A (q1, q2: tiles 2, 3 and 4, 5, R x 32
-// bytes) and B (tile 6 and 7, 8 x 64 bytes); R activation rows.
-inline const amx::TileConfig& config(int R) {
+// The tile configuration for R activation rows. Two products: C (tiles 0, 1: the q1 and q2 sums, R x 64
+// bytes); two banks of A (q1, q2: tiles 2, 3 and 4, 5, R x 32 bytes) and B (tile 6 and 7, 8 x 64 bytes).
+// One product (12-bit rows, Q4): C (tile 0, R x 64 bytes); two banks of A ([q1 | q2]: tiles 2 and 3, R x 64
+// bytes) and B ([16 u | u]: tiles 4 and 5, 16 x 64 bytes).
+inline const amx::TileConfig& config(int R, bool one) {
   static const auto configs = [] {
-    std::array<amx::TileConfig, 16> all;
-    for (int r = 1; r <= 16; ++r) all[r - 1].tiles(0, 2, r, 64).tiles(2, 4, r, 32).tiles(6, 2, 8, 64);
+    std::array<amx::TileConfig, 32> all;
+    for (int r = 1; r <= 16; ++r) {
+      all[r - 1].tiles(0, 2, r, 64).tiles(2, 4, r, 32).tiles(6, 2, 8, 64);
+      all[15 + r].tiles(0, 1, r, 64).tiles(2, 2, r, 64).tiles(4, 2, 16, 64);
+    }
     return all;
   }();
-  return configs[R - 1];
+  return configs[(one ? 16 : 0) + R - 1];
 }
 
 // A Q4 group's lines -> B tiles (per block: rows 0-3 the low nibbles of lines 0-3, rows 4-7 the high).
@@ -68,6 +100,21 @@ inline void split_nibbles(const uint8_t* lines, int64_t nb, uint8_t* out) {
       const __m512i v = _mm512_loadu_si512(lines + (4 * b + j) * 64);
       _mm512_store_si512(out + 512 * b + 64 * j, _mm512_and_si512(v, low));
       _mm512_store_si512(out + 512 * b + 64 * (4 + j), _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+    }
+}
+
+// A Q4 group's lines -> the one-product B tiles [16 u | u] (per block, 1 KB: rows 0-3 16 x the low nibbles
+// of lines 0-3, rows 4-7 16 x the high ones (the line masked with 0xf0), rows 8-15 the same unscaled).
+inline void split_nibbles12(const uint8_t* lines, int64_t nb, uint8_t* out) {
+  const __m512i low = _mm512_set1_epi8(0x0f), high = _mm512_set1_epi8(static_cast<char>(0xf0));
+  for (int64_t b = 0; b < nb; ++b)
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = _mm512_loadu_si512(lines + (4 * b + j) * 64);
+      uint8_t* o = out + 1024 * b + 64 * j;
+      _mm512_store_si512(o, _mm512_and_si512(_mm512_slli_epi16(v, 4), high));
+      _mm512_store_si512(o + 256, _mm512_and_si512(v, high));
+      _mm512_store_si512(o + 512, _mm512_and_si512(v, low));
+      _mm512_store_si512(o + 768, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
     }
 }
 
@@ -89,16 +136,19 @@ __attribute__((always_inline)) inline void block_scales(const uint8_t* scales, i
 }
 
 // The epilogue of block b for activation row m (lanes: the group's 16 weight rows), from the tile stores
-// of the rows' q1 sums (hi: row m at hi + 16 m) and q2 sums (lo, the same): r16_matmul.h's, dot = (hi << 7)
-// + lo - Z sum(Q) (in int32), acc += float(dot) * (d[16] * s[m]) (+ m[16] * sx[m] for Q4_1), the same
-// integer sums and fp32 operations in the same order as the VNNI kernel. s, sx, sumq: the rows' per-block
-// values (row m's at m nb + b). This file's prompt tiles and r16_batch.h's decoding-batch tiles both end
-// each block with it (accumulate_rows, accumulate_block).
-template <class Lay>
+// of the rows' q1 sums (hi: row m at hi + 16 m) and q2 sums (lo, the same); Shift: 7 for int16 rows, 4 for
+// 12-bit ones, and a null lo: hi holds the whole sums (the one-product path). r16_matmul.h's, dot = (hi <<
+// Shift) + lo - Z sum(Q) (in int32), acc += float(dot) * (d[16] * s[m]) (+ m[16] * sx[m] for Q4_1): on
+// int16 rows the same integer sums and fp32 operations in the same order as the VNNI kernel. s, sx, sumq:
+// the rows' per-block values (row m's at m nb + b). This file's prompt tiles and r16_batch.h's
+// decoding-batch tiles both end each block with it (accumulate_rows, accumulate_block).
+template <class Lay, int Shift = 7>
 __attribute__((always_inline)) inline __m512 accumulate_row(const int32_t* hi, const int32_t* lo, int m, __m512 d,
                                                             __m512 mn, const float* s, const float* sx,
                                                             const int32_t* sumq, int64_t nb, int64_t b, __m512 acc) {
-  __m512i v = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(hi + 16 * m), 7), _mm512_load_si512(lo + 16 * m));
+  __m512i v;
+  if constexpr (Shift == 0) v = _mm512_load_si512(hi + 16 * m);
+  else v = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(hi + 16 * m), Shift), _mm512_load_si512(lo + 16 * m));
   if constexpr (Lay::kOffset != 0) v = _mm512_add_epi32(v, _mm512_set1_epi32(-Lay::kOffset * sumq[m * nb + b]));
   acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(d, _mm512_set1_ps(s[m * nb + b])), acc);
   if constexpr (Lay::kMin) acc = _mm512_fmadd_ps(mn, _mm512_set1_ps(sx[m * nb + b]), acc);
@@ -128,33 +178,35 @@ __attribute__((always_inline)) inline void each_row(F&& f) {
   }
 }
 
-// accumulate_row for rows m.. R - 1 (R known at compile time: the accumulators stay in registers; with a
-// run-time row count gcc kept them on the stack, a load and a store per row and block).
-template <class Lay, int R, int m = 0>
+// accumulate_row<Lay, Shift> for rows m.. R - 1 (R known at compile time: the accumulators stay in
+// registers; with a run-time row count gcc kept them on the stack, a load and a store per row and block).
+template <class Lay, int R, int Shift = 7, int m = 0>
 __attribute__((always_inline)) inline void accumulate_rows(const int32_t* hi, const int32_t* lo, __m512 d, __m512 mn,
                                                            const float* s, const float* sx, const int32_t* sumq,
                                                            int64_t nb, int64_t b, std::array<__m512, R>& acc) {
   if constexpr (m < R) {
-    std::get<m>(acc) = accumulate_row<Lay>(hi, lo, m, d, mn, s, sx, sumq, nb, b, std::get<m>(acc));
-    accumulate_rows<Lay, R, m + 1>(hi, lo, d, mn, s, sx, sumq, nb, b, acc);
+    std::get<m>(acc) = accumulate_row<Lay, Shift>(hi, lo, m, d, mn, s, sx, sumq, nb, b, std::get<m>(acc));
+    accumulate_rows<Lay, R, Shift, m + 1>(hi, lo, d, mn, s, sx, sumq, nb, b, acc);
   }
 }
 
-// y[m, n] for R (1-16, at compile time) activation rows m of the I16Rows at q1, q2, s, sx, sumq (row 0 of
-// them: y's row 0) and the 16 weight rows of one group: bt its B tiles (a block's 512 bytes), scales its
-// scale bytes, next the group whose bytes are prefetched meanwhile. The tile configuration for R rows is
-// loaded. Per block: A (q1, q2) and B into one of two banks of tiles, a product into each C tile, both
-// stored, the epilogue. The tiles run one block after another (a C tile is zeroed again only once it is
-// stored), so what is off that chain is what counts: block b + 1's tile loads go to the other bank before
-// block b's C is stored (no tile loaded is still read by a product), and its products are issued before
-// block b's epilogue. Why (one linear, SmolLM2's Q4_1 matrices, 43 rows, 1 thread, load ~4, alternating in
-// one process): 0.79-0.88x the time of two banks of C with one of A and B, whose next tile loads waited
-// for the products before them.
-template <class Lay, int R>
+// y[m, n] for R (1-16, at compile time) activation rows m of x (its rows 0..R-1: y's row 0..) and the 16
+// weight rows of one group: bt its B tiles (a block's 512 bytes), scales its scale bytes, next the group
+// whose bytes are prefetched meanwhile; Shift: 7 for int16 rows, 4 for 12-bit ones (row stride and block
+// offsets from x). The tile configuration for R rows is loaded. Per block: A (q1, q2) and B into one of
+// two banks of tiles, a product into each C tile, both stored, the epilogue. The tiles run one block after
+// another (a C tile is zeroed again only once it is stored), so what is off that chain is what counts:
+// block b + 1's tile loads go to the other bank before block b's C is stored (no tile loaded is still
+// read by a product), and its products are issued before block b's epilogue. Why (one linear, SmolLM2's
+// Q4_1 matrices, 43 rows, 1 thread, load ~4, alternating in one process): 0.79-0.88x the time of two
+// banks of C with one of A and B, whose next tile loads waited for the products before them.
+template <class Lay, int R, int Shift>
 __attribute__((noinline)) void row_block(const Weight& w, const uint8_t* bt, const uint8_t* scales,
-                                         const uint8_t* next, const int8_t* q1, const int8_t* q2, const float* s,
-                                         const float* sx, const int32_t* sumq, int64_t K, float* y, int64_t ldy) {
-  const int64_t nb = w.nblocks;
+                                         const uint8_t* next, const I16Rows& x, float* y, int64_t ldy) {
+  const int64_t nb = w.nblocks, lda = x.stride(), step = x.at(kBlock);
+  const int8_t *q1 = x.q1, *q2 = x.q2;
+  const float *s = x.s, *sx = x.sx;
+  const int32_t* sumq = x.sumq;
   alignas(64) int32_t c[4][256];
   std::array<__m512, R> acc;
   each_row<R>([&](auto m) __attribute__((always_inline)) { std::get<m.value>(acc) = _mm512_setzero_ps(); });
@@ -162,14 +214,14 @@ __attribute__((noinline)) void row_block(const Weight& w, const uint8_t* bt, con
     prefetch_block<Lay>(w, next, b);
     __m512 d, mn;
     block_scales<Lay>(scales, b, d, mn);
-    accumulate_rows<Lay, R>(c1, c2, d, mn, s, sx, sumq, nb, b, acc);
+    accumulate_rows<Lay, R, Shift>(c1, c2, d, mn, s, sx, sumq, nb, b, acc);
   };
   // Tile numbers are immediates (gcc pastes them into the instruction): macros.
 #define VOXLANE_R16_LOAD(A1, A2, BT, b)            \
   do {                                             \
     _tile_loadd(BT, bt + 512 * (b), 64);           \
-    _tile_loadd(A1, q1 + kBlock * (b), K);         \
-    _tile_loadd(A2, q2 + kBlock * (b), K);         \
+    _tile_loadd(A1, q1 + step * (b), lda);         \
+    _tile_loadd(A2, q2 + step * (b), lda);         \
   } while (0)
 #define VOXLANE_R16_PRODUCTS(A1, A2, BT)           \
   do {                                             \
@@ -204,47 +256,144 @@ __attribute__((noinline)) void row_block(const Weight& w, const uint8_t* bt, con
   each_row<R>([&](auto m) __attribute__((always_inline)) { _mm512_storeu_ps(y + m.value * ldy, std::get<m.value>(acc)); });
 }
 
-// row_block<Lay, R> for a row count r (1-16) known at run time.
-template <class Lay, int R = 16, class... Args>
-inline void row_block_of(int r, Args&&... args) {
+// row_block's one-product twin (12-bit rows, Q4) over blocks [b0, b1) (y's values are added to when b0 >
+// 0): per block A = [q1 | q2] (64 bytes a row, row stride 2K) and B = [16 u | u] (16 rows, bt: block b0's 1
+// KB) into one of two banks, one K = 64 product into the C tile, one store, the epilogue (accumulate_row
+// with Shift 0: one load per row, no shift or add). The same schedule: block b + 1's loads and product are
+// issued before block b's epilogue.
+template <class Lay, int R>
+__attribute__((noinline)) void row_block12(const Weight& w, const uint8_t* bt, const uint8_t* scales,
+                                           const uint8_t* next, const I16Rows& x, float* y, int64_t ldy, int64_t b0,
+                                           int64_t b1) {
+  const int64_t nb = w.nblocks, lda = x.stride();
+  const int8_t* q = x.q1 + 2 * kBlock * b0;
+  const float *s = x.s, *sx = x.sx;
+  const int32_t* sumq = x.sumq;
+  alignas(64) int32_t c[2][256];
+  std::array<__m512, R> acc;
+  each_row<R>([&](auto m) __attribute__((always_inline)) {
+    std::get<m.value>(acc) = b0 ? _mm512_loadu_ps(y + m.value * ldy) : _mm512_setzero_ps();
+  });
+  auto epilogue = [&](const int32_t* cb, int64_t i) __attribute__((always_inline)) {
+    const int64_t b = b0 + i;
+    prefetch_block<Lay>(w, next, b);
+    __m512 d, mn;
+    block_scales<Lay>(scales, b, d, mn);
+    accumulate_rows<Lay, R, 0>(cb, nullptr, d, mn, s, sx, sumq, nb, b, acc);
+  };
+#define VOXLANE_R16_LOAD(A, BT, b)                 \
+  do {                                             \
+    _tile_loadd(BT, bt + 1024 * (b), 64);          \
+    _tile_loadd(A, q + 2 * kBlock * (b), lda);     \
+  } while (0)
+#define VOXLANE_R16_PRODUCT(A, BT)                 \
+  do {                                             \
+    _tile_zero(0);                                 \
+    _tile_dpbsud(0, A, BT);                        \
+  } while (0)
+  const int64_t n = b1 - b0;
+  VOXLANE_R16_LOAD(2, 4, 0);
+  VOXLANE_R16_PRODUCT(2, 4);
+  int64_t b = 0;
+  for (; b + 2 <= n; b += 2) {  // C holds block b0 + b's product (bank 0's tiles)
+    VOXLANE_R16_LOAD(3, 5, b + 1);
+    VOXLANE_TILE_STORE(0, c[0]);
+    VOXLANE_R16_PRODUCT(3, 5);
+    epilogue(c[0], b);
+    const bool more = b + 2 < n;
+    if (more) VOXLANE_R16_LOAD(2, 4, b + 2);
+    VOXLANE_TILE_STORE(0, c[1]);
+    if (more) VOXLANE_R16_PRODUCT(2, 4);
+    epilogue(c[1], b + 1);
+  }
+  if (b < n) {  // an odd block count: the last block
+    VOXLANE_TILE_STORE(0, c[0]);
+    epilogue(c[0], b);
+  }
+#undef VOXLANE_R16_LOAD
+#undef VOXLANE_R16_PRODUCT
+  each_row<R>([&](auto m) __attribute__((always_inline)) { _mm512_storeu_ps(y + m.value * ldy, std::get<m.value>(acc)); });
+}
+
+// kernel<R>(args...) for a row count r (1-16) known at run time (row_block or row_block12's instances).
+template <int R = 16, class Kernel, class... Args>
+inline void by_rows(int r, Kernel&& kernel, Args&&... args) {
   if constexpr (R >= 1) {
-    if (r == R) return row_block<Lay, R>(args...);
-    row_block_of<Lay, R - 1>(r, args...);
+    if (r == R) return kernel(std::integral_constant<int, R>{}, args...);
+    by_rows<R - 1>(r, kernel, args...);
   }
 }
 
-// y[m, n] = x^[m] . W[n] for weight rows [n0, n1) (multiples of 16) and all M rows of x.
+// The most blocks of a Q4 group split for the one-product tiles at a time (1 KB each): a row of more
+// blocks (down's 48) runs in near-equal spans of at most this many, each split once and multiplied by every
+// 16 activation rows, so the split stays in L1 (48 KB here) next to the A rows. Why (`python -m
+// bench.linear_ab --int16`, SmolLM2's down, 576 x 1536, 1 thread): the whole group's 48 KB split took
+// 0.80x / 0.94x / 0.97x the two-product kernel's speed at 9 / 16 / 43 rows.
+constexpr int64_t kSplitBlocks = 24;
+
+// y[m, n] = x^[m] . W[n] for weight rows [n0, n1) (multiples of 16) and all M rows of x: one product per
+// block where x is 12-bit and W Q4, else two.
 template <class B>
 inline void matmul(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) {
   using Lay = Layout<B>;
-  const int64_t K = x.K, nb = w.nblocks, groups = w.rows / kRows;
+  constexpr bool kQ4 = Lay::kNibbles;
+  const bool one = kQ4 && x.bits == 12;
+  const int64_t nb = w.nblocks, groups = w.rows / kRows;
   thread_local std::vector<uint8_t> split;  // Q4: one group's B tiles
   uint8_t* sp = nullptr;
-  if constexpr (Lay::kNibbles) {
-    split.resize(static_cast<size_t>(nb * 512 + 64));
+  if constexpr (kQ4) {
+    split.resize(static_cast<size_t>(std::max(nb * 512, std::min(nb, kSplitBlocks) * 1024) + 64));
     sp = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(split.data()) + 63) & ~uintptr_t(63));
   }
   __asm__("" : "+r"(sp));  // a plain pointer (no thread_local look-up in the loops)
   int loaded = -1;
   calls().fetch_add(1, std::memory_order_relaxed);
+  if (x.bits == 12) calls12().fetch_add(1, std::memory_order_relaxed);
+  // kernel(std::integral_constant<int, R>, rows, out) for every 16 activation rows (R of them: the last
+  // may be fewer) of group g, the tiles configured for R rows (one call uses one configuration kind)
+  auto each_16_rows = [&](int64_t g, auto&& kernel) __attribute__((always_inline)) {
+    for (int64_t m0 = 0; m0 < M; m0 += 16) {
+      const int R = static_cast<int>(std::min<int64_t>(16, M - m0));
+      if (R != loaded) {
+        _tile_loadconfig(&config(R, one));
+        loaded = R;
+      }
+      const I16Rows rows = x.at_row(m0);
+      float* out = y + m0 * ldy + g * kRows;
+      by_rows(R, [&](auto r, auto&&...) __attribute__((always_inline)) { kernel(r, rows, out); });
+    }
+  };
   for (int64_t g = n0 / kRows; g < n1 / kRows; ++g) {
     const uint8_t* group = w.group(g);
     const uint8_t* next = w.group(std::min(g + 1, groups - 1));
+    const uint8_t* scales = group + w.lines_bytes;
+    if constexpr (kQ4) {
+      if (one) {  // spans of <= kSplitBlocks blocks, each split once for every 16 rows
+        const int64_t spans = (nb + kSplitBlocks - 1) / kSplitBlocks;
+        for (int64_t i = 0; i < spans; ++i) {
+          const int64_t b0 = nb * i / spans, b1 = nb * (i + 1) / spans;
+          split_nibbles12(group + b0 * Lay::kLines * 64, b1 - b0, sp);
+          __asm__ volatile("" ::: "memory");  // the split tiles written before the tile loads read them
+          each_16_rows(g, [&](auto r, const I16Rows& rows, float* out) __attribute__((always_inline)) {
+            row_block12<Lay, decltype(r)::value>(w, sp, scales, next, rows, out, ldy, b0, b1);
+          });
+        }
+        continue;
+      }
+    }
     const uint8_t* bt = group;
-    if constexpr (Lay::kNibbles) {
+    if constexpr (kQ4) {
       split_nibbles(group, nb, sp);
       bt = sp;
     }
     __asm__ volatile("" ::: "memory");  // the split tiles written before the tile loads read them
-    for (int64_t m0 = 0; m0 < M; m0 += 16) {
-      const int R = static_cast<int>(std::min<int64_t>(16, M - m0));
-      if (R != loaded) {
-        _tile_loadconfig(&config(R));
-        loaded = R;
+    each_16_rows(g, [&](auto r, const I16Rows& rows, float* out) __attribute__((always_inline)) {
+      constexpr int kR = decltype(r)::value;
+      if constexpr (!kQ4) {
+        if (x.bits == 12) return row_block<Lay, kR, Split<12>::kShift>(w, bt, scales, next, rows, out, ldy);
       }
-      row_block_of<Lay>(R, w, bt, group + w.lines_bytes, next, x.q1 + m0 * K, x.q2 + m0 * K, x.s + m0 * nb,
-                        x.sx + m0 * nb, x.sumq + m0 * nb, K, y + m0 * ldy + g * kRows, ldy);
-    }
+      row_block<Lay, kR, Split<16>::kShift>(w, bt, scales, next, rows, out, ldy);
+    });
   }
   if (loaded >= 0) _tile_release();
 }
@@ -263,22 +412,25 @@ inline bool tiles_run(int64_t M) {
 #endif
 }
 
-// Calls of the tile kernel so far (tests: the tiles ran; -1 without them in this build).
-inline int64_t tile_calls() {
+// Calls of the tile kernel so far (bits 12: those on 12-bit rows; tests: the tiles ran; -1 without them in
+// this build).
+inline int64_t tile_calls(int bits = 0) {
 #if defined(VOXLANE_R16_TILES)
-  return tiles::calls().load();
+  return bits == 12 ? tiles::calls12().load() : tiles::calls().load();
 #else
+  (void)bits;
   return -1;
 #endif
 }
 
-// y[m, n] = x^[m] . W[n] for weight rows [n0, n1) (multiples of 16) and M rows of x: in tiles where
-// tiles_run(M) (or tiles = 1 asks for them, 0 for the vector kernel; the ops' tests and benchmarks),
-// else r16::matvec (VNNI, 8 activation rows at a time; descending: its row groups from the last down, as
-// a step pool task taken from a phase's back end).
+// y[m, n] = x^[m] . W[n] for weight rows [n0, n1) (multiples of 16) and M rows of x: in tiles where x is
+// 12-bit (quantized for them: the one-call step's prompt rows, where tiles_run) or tiles_run(M) (or tiles
+// = 1 asks for them, 0 for the vector kernel: the ops' tests and benchmarks, int16 rows), else r16::matvec
+// (VNNI, 8 activation rows at a time; descending: its row groups from the last down, as a step pool task
+// taken from a phase's back end).
 inline void product(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
                     int tiles = -1, bool descending = false) {
-  const bool use = tiles < 0 ? tiles_run(M) : tiles == 1;
+  const bool use = tiles < 0 ? x.bits == 12 || tiles_run(M) : tiles == 1;
 #if defined(VOXLANE_R16_TILES)
   if (use) {
     gguf::with_format(w.format, [&](auto block) {

@@ -93,27 +93,35 @@ def test_extreme_activations(ops):
     assert (got - reference).abs().max().item() < 1e-5 * reference.abs().max().item()
 
 
-def test_quantization_by_rows_and_columns_equals_block_by_block(ops):
+@pytest.mark.parametrize("bits", [16, 12])
+def test_quantization_by_rows_and_columns_equals_block_by_block(ops, bits):
     """x's int16 blocks as the step makes them, 16 blocks at a time (quantize_rows: 16 blocks of a row;
     quantize_column: one block of 16 rows, as gate/up's tasks) are bit-equal to one block at a time (the
     same fp32 divisions and roundings per block), whose Q = 128 q1 + q2 and scales are the torch twin's:
-    zero blocks, blocks of one value, ties, huge and tiny values, 1-40 rows, 1-48 blocks a row."""
+    zero blocks, blocks of one value, ties, huge and tiny values, 1-40 rows, 1-48 blocks a row. The same
+    for the 12-bit blocks of the AMX tiles' prompt rows (bits 12, r16_matmul.h): s = amax / 2047, Q =
+    16 q1 + q2 with q2 in [0, 15]."""
+    qmax, shift = (QMAX, 7) if bits == 16 else (2047, 4)
     g = torch.Generator().manual_seed(11)
     for M, K in ((1, 32), (3, 96), (4, 576), (8, 576), (15, 128), (16, 512), (17, 544), (39, 576), (40, 1536)):
         x = torch.randn(M, K, generator=g) * torch.exp(3 * torch.randn(M, K // 32, 1, generator=g)).repeat_interleave(32, 1).reshape(M, K)
         x.view(M, -1, 32)[:, ::5] = 0.0  # zero blocks
-        x.view(M, -1, 32)[:, 1::7] = 2.5  # one value (amax = every value: Q = 16256)
-        x.view(M, -1, 32)[:, 2::9, :4] = torch.tensor([0.5, -0.5, 1.5, -1.5]) * 2.5 / QMAX  # ties at x / s
+        x.view(M, -1, 32)[:, 1::7] = 2.5  # one value (amax = every value: Q = qmax)
+        x.view(M, -1, 32)[:, 3::7] = -2.5
+        x.view(M, -1, 32)[:, 2::9, :4] = torch.tensor([0.5, -0.5, 1.5, -1.5]) * 2.5 / qmax  # ties at x / s
         x.view(M, -1, 32)[:, 2::9, 4] = 2.5
-        one = ops.quantize_i16(x, 0)
-        q = one[0].to(torch.int32) * 128 + one[1].to(torch.int32)
-        s = x.view(M, -1, 32).abs().amax(-1) / QMAX
+        one = ops.quantize_i16(x, 0, bits)
+        if bits == 12:
+            assert one[1].min() >= 0 and one[1].max() <= 15
+        q = one[0].to(torch.int32) * (1 << shift) + one[1].to(torch.int32)
+        s = x.view(M, -1, 32).abs().amax(-1) / qmax
         assert torch.equal(one[2], s)
         inverse = torch.where(s != 0, 1 / s, torch.zeros_like(s))
-        assert torch.equal(q, torch.round(x.view(M, -1, 32) * inverse[..., None]).clamp(-QMAX, QMAX).to(torch.int32).view(M, K))
+        assert torch.equal(q, torch.round(x.view(M, -1, 32) * inverse[..., None]).clamp(-qmax, qmax).to(torch.int32).view(M, K))
         assert torch.equal(one[4], q.view(M, -1, 32).sum(-1))
+        assert torch.equal(one[3], s * one[4].float())
         for how in (1, 2):
-            got = ops.quantize_i16(x, how)
+            got = ops.quantize_i16(x, how, bits)
             for a, b in zip(got, one):
                 assert torch.equal(a, b), (M, K, how)
 
