@@ -20,13 +20,15 @@
 // KB for down's 48 blocks: down took 1.04x the VNNI kernel's time in one linear at 8 rows, 0.92x with the
 // ring). The tiles are not released at the end of a call: each user of AMX here loads its own
 // configuration first, and releasing per call (the step calls this once per task and linear: ~280 calls
-// per SmolLM2 layer on one thread) made o_proj 1.4x slower than the VNNI kernel in a batch-8 step.
+// per SmolLM2 layer on one thread) made o_proj 1.4x slower than the VNNI kernel in a batch-8 step; and
+// the configuration is loaded only when the thread's is another (load_config).
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 
 #include "r16_tiles.h"
 
@@ -45,6 +47,19 @@ inline const amx::TileConfig& config(int M) {
     return all;
   }();
   return configs[M - 1];
+}
+
+// Loads `config` unless it is this thread's tile configuration already (STTILECFG stores the current one:
+// all zeros when the tiles are released). Why: LDTILECFG cost ~60 ns a call, and a decoding step calls this
+// kernel for every task (one thread: ~5,900 calls a SmolLM2 step, 1-4 groups of 16 rows each); a call
+// of one group of gate/up took 1.16x the time of one with the configuration kept (one linear at 8 rows,
+// in cache, thread CPU; the check itself ~1-2 %). Nothing here needs the zeroed tiles LDTILECFG leaves
+// (each product zeroes its C tile first).
+inline void load_config(const amx::TileConfig& config) {
+  alignas(64) amx::TileConfig current;
+  _tile_storeconfig(&current);
+  __asm__ volatile("" ::"m"(current));  // gcc's _tile_storeconfig says nothing of the memory it writes
+  if (std::memcmp(&current, &config, sizeof current) != 0) _tile_loadconfig(&config);
 }
 
 // y[m, n] = x^[m] . W[n] for weight rows [n0, n1) (multiples of 16) and the M (1-8) rows of x, whose q2
@@ -68,7 +83,7 @@ inline void matmul(const Weight& w, const I16Rows& x, int64_t rows, float* y, in
   // load reads them).
   constexpr int64_t kAhead = 6, kRing = 8;
   alignas(64) uint8_t ring[Lay::kNibbles ? kRing * 512 : 64];
-  _tile_loadconfig(&config(static_cast<int>(M)));
+  load_config(config(static_cast<int>(M)));
   calls.fetch_add(1, std::memory_order_relaxed);
   alignas(64) int32_t c[3][256];
   const int8_t* q = x.q1;
