@@ -58,7 +58,7 @@ inline const amx::TileConfig& config(int M) {
 inline void load_config(const amx::TileConfig& config) {
   alignas(64) amx::TileConfig current;
   _tile_storeconfig(&current);
-  __asm__ volatile("" ::"m"(current));  // gcc's _tile_storeconfig says nothing of the memory it writes
+  __asm__ volatile("" : "+m"(current));  // its 64 bytes as written: gcc's builtin may not say it writes them all
   if (std::memcmp(&current, &config, sizeof current) != 0) _tile_loadconfig(&config);
 }
 
