@@ -49,13 +49,15 @@ def json_in(tree: Path, cmd: list[str]) -> dict:
     return json.loads(done.stdout[done.stdout.index("{"):])
 
 
-def profile_ms(tree: Path, model: str, threads: int, steps: int, batch: int, args: str) -> tuple[float, int]:
+def profile_ms(tree: Path, model: str, threads: int, steps: int, batch: int, args: str) -> tuple[float, int, float]:
     """One decode_profile run in ``tree`` -> (wall ms per decode step, steps the step pool ran on one
-    thread because its helpers stalled: the engine's own fallback under contention)."""
+    thread because its helpers stalled: the engine's own fallback under contention, the process's CPU ms
+    per step (all threads; nan where that tree's decode_profile does not print it)). The CPU time is
+    the measure on a loaded host: one thread's wall moves with the neighbours, its CPU time much less."""
     cmd = [sys.executable, "-m", "bench.decode_profile", "--model", model, "--threads", str(threads), "--steps",
            str(steps), "--batch", str(batch), "--no-phase-profile", "--json", *shlex.split(args)]
     result = json_in(tree, cmd)
-    return float(result["ms_per_step"]), int(result.get("solo_steps", 0))
+    return float(result["ms_per_step"]), int(result.get("solo_steps", 0)), float(result.get("cpu_ms_per_step", "nan"))
 
 
 def llama_ms(model: str, threads: int, steps: int) -> tuple[float, int]:
@@ -66,7 +68,7 @@ def llama_ms(model: str, threads: int, steps: int) -> tuple[float, int]:
     from engine.native_weights import native_gguf_path
 
     gguf = native_gguf_path(resolve(model, "llm"))
-    return 1e3 / llama_bench(build(smoke_gguf=gguf), gguf, threads, 0, steps), 0
+    return 1e3 / llama_bench(build(smoke_gguf=gguf), gguf, threads, 0, steps), 0, float("nan")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,32 +94,38 @@ def main(argv: list[str] | None = None) -> int:
                     for label, tree, a in arms}
         if args.llama_cpp:
             measures["llama.cpp"] = lambda t: llama_ms(args.model, t, args.steps)
-        samples: dict[str, dict[int, list[tuple[float, float, int]]]] = {k: {t: [] for t in threads} for k in measures}
+        # per arm and thread count: (wall ms, load, steps on one thread, CPU ms) per sample
+        samples: dict[str, dict[int, list[tuple[float, float, int, float]]]] = {k: {t: [] for t in threads} for k in measures}
         for label, measure in measures.items():  # warm-up: builds (kernels, llama.cpp), page cache
             measure(threads[0])
         for r in range(args.rounds):
             for t in threads:
                 for label, measure in measures.items():
-                    ms, solo = measure(t)
-                    samples[label][t].append((ms, os.getloadavg()[0], solo))
-                    print(f"[ab] round {r + 1} {t} thr {label}: {ms:.2f} ms (load {os.getloadavg()[0]:.2f}"
-                          f"{f', {solo} steps on one thread' if solo else ''})", file=sys.stderr, flush=True)
-    medians = {label: {t: statistics.median(ms for ms, _, _ in s) for t, s in by_t.items()}
+                    ms, solo, cpu = measure(t)
+                    samples[label][t].append((ms, os.getloadavg()[0], solo, cpu))
+                    print(f"[ab] round {r + 1} {t} thr {label}: {ms:.2f} ms, {cpu:.2f} ms CPU (load "
+                          f"{os.getloadavg()[0]:.2f}{f', {solo} steps on one thread' if solo else ''})",
+                          file=sys.stderr, flush=True)
+    medians = {label: {t: statistics.median(s[0] for s in by) for t, by in by_t.items()}
                for label, by_t in samples.items()}
+    cpu_medians = {label: {t: statistics.median(s[3] for s in by) for t, by in by_t.items()}
+                   for label, by_t in samples.items()}
     result = {"model": args.model, "batch": args.batch, "steps": args.steps, "rounds": args.rounds,
-              "median_ms": medians, "samples": samples}
+              "median_ms": medians, "median_cpu_ms": cpu_medians, "samples": samples}
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     first = next(iter(medians))
     print(f"{args.model}, batch {args.batch}, {args.steps} steps per sample, {args.rounds} alternating rounds; "
-          f"median ms per decode step (tok/s), ratio to {first}; samples as ms@load, with /sN when N of the "
-          f"steps ran on one thread (the step pool's fallback when its helpers stall under contention)")
+          f"median ms per decode step (tok/s), ratio to {first}, then the median CPU ms per step (all threads) "
+          f"and its ratio; samples as ms@load, with /sN when N of the steps ran on one thread (the step pool's "
+          f"fallback when its helpers stall under contention)")
     for t in threads:
         for label in medians:
-            ms = medians[label][t]
-            each = ", ".join(f"{m:.1f}@{load:.1f}{f'/s{solo}' if solo else ''}" for m, load, solo in samples[label][t])
-            print(f"  {t} thr  {label:28s} {ms:8.2f} ms ({1e3 / ms:6.1f} tok/s)  x{ms / medians[first][t]:.2f}  [{each}]")
+            ms, cpu = medians[label][t], cpu_medians[label][t]
+            each = ", ".join(f"{m:.1f}@{load:.1f}{f'/s{solo}' if solo else ''}" for m, load, solo, _ in samples[label][t])
+            print(f"  {t} thr  {label:28s} {ms:8.2f} ms ({1e3 / ms:6.1f} tok/s)  x{ms / medians[first][t]:.2f}  "
+                  f"CPU {cpu:7.2f} ms x{cpu / cpu_medians[first][t]:.2f}  [{each}]")
     return 0
 
 

@@ -267,6 +267,26 @@ inline void weigh_values(const AttentionScratch& scratch, int64_t R, int64_t n_k
 }
 #endif
 
+// The first line of each 4 KB page of the keys and values that task t = (row b, kv head g) attends
+// (positions first..position of its slot; attend's), asked for ahead: the keys into L1 when `now` (the
+// task starts), else into L2 as its values. Why: a decoding row's task reads two streams of ~28 KB (its
+// keys, then its values) that are not in any cache (the weights streamed since this layer's keys were
+// last read), and the hardware's prefetcher starts again at each page: a decoding batch of 8 rows read
+// SmolLM2's 1.33 MB a layer at ~10 GB/s against ~3x that rate hot. With the pages of a task's and of
+// the next task's streams asked for at its start, 0.85-0.94x the time per layer (docs/engine.md's
+// eleventh session; 24 tasks at positions 50-170, cold, one thread).
+inline void prefetch_kv_pages(const AttentionArgs& a, int64_t t, bool now) {
+  const int64_t Hkv = a.Hkv, d = a.d, b = t / Hkv, g = t % Hkv, pos = a.positions[b];
+  const int64_t first = a.window > 0 ? std::max<int64_t>(0, pos + 1 - a.window) : 0;
+  const int64_t offset = ((a.slots[b] * Hkv + g) * a.L + first) * d, n = (pos + 1 - first) * d;
+  constexpr int64_t kPage = 4096 / sizeof(float);
+  for (int64_t o = 0; o < n; o += kPage) {
+    if (now) __builtin_prefetch(a.k_cache + offset + o, 0, 3);  // T0
+    else __builtin_prefetch(a.k_cache + offset + o, 0, 2);     // T1
+    __builtin_prefetch(a.v_cache + offset + o, 0, 2);
+  }
+}
+
 // Task t = (row b, kv head g): the R query heads of the row that share kv head g attend keys
 // first..position of the row's slot (written before: by earlier steps, or by write_kv for every
 // row of this call, which is what makes a prompt chunk's rows causal), each key and value read

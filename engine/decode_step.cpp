@@ -523,6 +523,11 @@ class StepWork : public PhasedWork {
           }
           const int64_t t = task / head_tasks, h0 = (task % head_tasks) * (m.H / m.Hkv / head_tasks);
           const int64_t h1 = h0 + m.H / m.Hkv / head_tasks;
+          // This task's pages of keys and values, and those of the task this thread likely takes next
+          // (the step pool's front end walks up, its back end down).
+          const int64_t next = descending ? t - 1 : t + 1;
+          prefetch_kv_pages(args, t, true);
+          if (next >= 0 && next < T * m.Hkv && next != t) prefetch_kv_pages(args, next, false);
           attend(args, t, scratch[worker], h0, h1);
           if (buf.attnq.q || buf.attni.q1) quantize_heads(t, h0, h1);
         }

@@ -20,13 +20,15 @@
 // KB for down's 48 blocks: down took 1.04x the VNNI kernel's time in one linear at 8 rows, 0.92x with the
 // ring). The tiles are not released at the end of a call: each user of AMX here loads its own
 // configuration first, and releasing per call (the step calls this once per task and linear: ~280 calls
-// per SmolLM2 layer on one thread) made o_proj 1.4x slower than the VNNI kernel in a batch-8 step.
+// per SmolLM2 layer on one thread) made o_proj 1.4x slower than the VNNI kernel in a batch-8 step; and
+// the configuration is loaded only when the thread's is another (load_config).
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 
 #include "r16_tiles.h"
 
@@ -45,6 +47,19 @@ inline const amx::TileConfig& config(int M) {
     return all;
   }();
   return configs[M - 1];
+}
+
+// Loads `config` unless it is this thread's tile configuration already (STTILECFG stores the current one:
+// all zeros when the tiles are released). Why: LDTILECFG cost ~60 ns a call, and a decoding step calls this
+// kernel for every task (one thread: ~5,900 calls a SmolLM2 step, 1-4 groups of 16 rows each); a call
+// of one group of gate/up took 1.16x the time of one with the configuration kept (one linear at 8 rows,
+// in cache, thread CPU; the check itself ~1-2 %). Nothing here needs the zeroed tiles LDTILECFG leaves
+// (each product zeroes its C tile first).
+inline void load_config(const amx::TileConfig& config) {
+  alignas(64) amx::TileConfig current;
+  _tile_storeconfig(&current);
+  __asm__ volatile("" : "+m"(current));  // its 64 bytes as written: gcc's builtin may not say it writes them all
+  if (std::memcmp(&current, &config, sizeof current) != 0) _tile_loadconfig(&config);
 }
 
 // y[m, n] = x^[m] . W[n] for weight rows [n0, n1) (multiples of 16) and the M (1-8) rows of x, whose q2
@@ -68,20 +83,36 @@ inline void matmul(const Weight& w, const I16Rows& x, int64_t rows, float* y, in
   // load reads them).
   constexpr int64_t kAhead = 6, kRing = 8;
   alignas(64) uint8_t ring[Lay::kNibbles ? kRing * 512 : 64];
-  _tile_loadconfig(&config(static_cast<int>(M)));
+  load_config(config(static_cast<int>(M)));
   calls.fetch_add(1, std::memory_order_relaxed);
   alignas(64) int32_t c[3][256];
   const int8_t* q = x.q1;
   const float *s = x.s, *sx = x.sx;
   const int32_t* sumq = x.sumq;
   const int64_t g0 = n0 / kRows, g1 = n1 / kRows, total = (g1 - g0) * nb;
-  auto split = [&](int64_t i) {  // block i of the call into its ring slot
-    if (i < total) tiles::split_nibbles(w.group(g0 + i / nb) + (i % nb) * Lay::kLines * 64, 1, ring + 512 * (i % kRing));
+  // The splits and the products each take the call's blocks in order: a cursor each (the block's group
+  // and its index in it), moved on by one per block. Why: i / nb and i % nb per block were two 64-bit
+  // divisions (idivq: nb is known at run time) on the way to the tile loads' addresses; with the cursors
+  // a block took 0.83-0.96x the time (median 0.94x; SmolLM2's four shapes at 8 rows, in cache, thread CPU,
+  // docs/engine.md's eleventh session).
+  struct Cursor {
+    const uint8_t* group;
+    int64_t b = 0;
+    void advance(int64_t blocks, int64_t group_bytes) {
+      if (++b == blocks) b = 0, group += group_bytes;
+    }
   };
-  // B of block i: its ring slot (Q4) or its 8 lines in its group (Q8_0).
+  Cursor at_split{w.group(g0)}, at_product{w.group(g0)};
+  auto split = [&](int64_t i) {  // block i of the call (the split cursor's) into its ring slot
+    if (i < total) {
+      tiles::split_nibbles(at_split.group + at_split.b * Lay::kLines * 64, 1, ring + 512 * (i % kRing));
+      at_split.advance(nb, w.group_bytes);
+    }
+  };
+  // B of block i (the product cursor's): its ring slot (Q4) or its 8 lines in its group (Q8_0).
   auto btile = [&](int64_t i) -> const uint8_t* {
     if constexpr (Lay::kNibbles) return ring + 512 * (i % kRing);
-    return w.group(g0 + i / nb) + 512 * (i % nb);
+    return at_product.group + 512 * at_product.b;
   };
   if constexpr (Lay::kNibbles)
     for (int64_t i = 0; i < kAhead; ++i) split(i);
@@ -117,8 +148,9 @@ inline void matmul(const Weight& w, const I16Rows& x, int64_t rows, float* y, in
     __asm__ volatile("" ::"m"(*reinterpret_cast<const uint8_t(*)[512]>(btile(i))));   \
     _tile_zero(C);                                                                     \
     _tile_loadd(Bt, btile(i), 64);                                                     \
-    _tile_loadd(A, q + kBlock * ((i) % nb), K);                                        \
+    _tile_loadd(A, q + kBlock * at_product.b, K);                                      \
     _tile_dpbsud(C, A, Bt);                                                            \
+    at_product.advance(nb, w.group_bytes);                                             \
   } while (0)
   // Block j's epilogue (C's rows: q1 sums of the M rows, then q2's), then its group's rows out after its
   // last block.

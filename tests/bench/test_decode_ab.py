@@ -1,5 +1,5 @@
 """bench.decode_ab: settings alternate round by round (each thread count, then each arm), medians are
-taken per arm and thread count, samples keep their steps-on-one-thread count, and a revision's arms
+taken per arm and thread count (wall and CPU ms), samples keep their steps-on-one-thread count, and a revision's arms
 run in that revision's exported tree (the decode_profile runs themselves are stand-ins here)."""
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ def test_arms_alternate_and_medians_are_per_arm_and_thread_count(monkeypatch, ca
 
     def fake_profile(tree, model, threads, steps, batch, args):
         calls.append((tree, threads, args))
-        return next(times), (3 if threads == 2 and args.endswith("b") else 0)
+        ms = next(times)
+        return ms, (3 if threads == 2 and args.endswith("b") else 0), ms / 2
 
     monkeypatch.setattr(decode_ab, "profile_ms", fake_profile)
     monkeypatch.setattr(decode_ab, "export_tree", lambda rev, into: tmp_path / rev)
@@ -27,6 +28,7 @@ def test_arms_alternate_and_medians_are_per_arm_and_thread_count(monkeypatch, ca
     assert {c[0] for c in calls if c[2] == "--quant b"} == {tmp_path / "abc123"}
     assert {c[0] for c in calls if c[2] == "--quant a"} == {decode_ab.HERE}
     assert result["median_ms"] == {"A": {"1": 11.0, "2": 6.0}, "B": {"1": 21.0, "2": 8.0}}
+    assert result["median_cpu_ms"] == {"A": {"1": 5.5, "2": 3.0}, "B": {"1": 10.5, "2": 4.0}}  # each sample's CPU ms
     assert [s[2] for s in result["samples"]["B"]["2"]] == [3, 3, 3]  # steps on one thread, kept and shown
 
 
