@@ -136,7 +136,7 @@ def test_batch_tiles_after_other_tile_configurations(batch_tiles):
     for M, prompt_between in [(8, False), (8, False), (3, False), (8, False), (8, True), (3, True), (1, False), (8, False)]:
         if prompt_between:
             x16 = torch.randn(16, cols, generator=g)
-            prompt = ops.quant_linear_r16(x16, packed, format, cols, 1)  # the prompt tiles: 16 rows
+            prompt = ops.quant_linear_r16(x16, packed, format, cols, 3)  # the prompt tiles (on int16: bit-equal to VNNI): 16 rows
             assert torch.equal(prompt, ops.quant_linear_r16(x16, packed, format, cols, 0))
         x = torch.randn(M, cols, generator=g)
         got = ops.quant_linear_r16(x, packed, format, cols, 2)
