@@ -83,10 +83,11 @@ struct I16Rows {
   }
 };
 
-// The split of Q: Q = (1 << kShift) q1 + q2 (bits 16: 128, q2 in [-64, 63]; bits 12: 16, q2 in [0, 15]).
+// The split of Q: q1 = (Q + kRound) >> kShift (an arithmetic shift: floor), q2 = Q - (q1 << kShift), so
+// Q = (1 << kShift) q1 + q2 (bits 16: 128, q2 in [-64, 63]; bits 12: 16, q2 in [0, 15]).
 template <int Bits> struct Split;
-template <> struct Split<16> { static constexpr int kShift = 7, kQMax = r16::kQMax; };
-template <> struct Split<12> { static constexpr int kShift = 4, kQMax = kQMax12; };
+template <> struct Split<16> { static constexpr int kShift = 7, kRound = 64, kQMax = r16::kQMax; };
+template <> struct Split<12> { static constexpr int kShift = 4, kRound = 0, kQMax = kQMax12; };
 
 #if defined(VOXLANE_R16_VNNI)
 // 16 values v -> Q = round(v * inv) (the MXCSR's rounding: to nearest, ties to even) in [-kQMax, kQMax],
@@ -97,14 +98,9 @@ inline __m512i quantize16(__m512 v, __m512 inv, int8_t* q1, int8_t* q2) {
   constexpr int kMax = Split<Bits>::kQMax;
   __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, inv));
   q = _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(kMax)), _mm512_set1_epi32(-kMax));
-  __m512i hi, lo;
-  if constexpr (Bits == 16) {
-    hi = _mm512_srai_epi32(_mm512_add_epi32(q, _mm512_set1_epi32(64)), 7);
-    lo = _mm512_sub_epi32(q, _mm512_slli_epi32(hi, 7));
-  } else {
-    hi = _mm512_srai_epi32(q, 4);
-    lo = _mm512_and_si512(q, _mm512_set1_epi32(15));
-  }
+  using S = Split<Bits>;
+  const __m512i hi = _mm512_srai_epi32(_mm512_add_epi32(q, _mm512_set1_epi32(S::kRound)), S::kShift);
+  const __m512i lo = _mm512_sub_epi32(q, _mm512_slli_epi32(hi, S::kShift));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q1), _mm512_cvtepi32_epi8(hi));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q2), _mm512_cvtepi32_epi8(lo));
   return q;
@@ -181,6 +177,42 @@ inline void quantize_blocks(const float* x, int64_t ldx, int n, const I16Rows& x
 }
 #endif
 
+// One block of 32 values xb -> the block of `row` that starts at value c (a multiple of 32), as Bits-bit
+// blocks (row.bits).
+template <int Bits>
+inline void quantize_block(const float* xb, const I16Rows& row, int64_t c) {
+  using S = Split<Bits>;
+  const int64_t blk = c / kBlock, at = row.at(c);
+  int sum = 0;
+  float scale;
+#if defined(VOXLANE_R16_VNNI)
+  const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  scale = amax / static_cast<float>(S::kQMax);
+  const float inverse = scale != 0.f ? 1.f / scale : 0.f;
+  const __m512 inv = _mm512_set1_ps(inverse);
+  const __m512i q0 = quantize16<Bits>(v0, inv, row.q1 + at, row.q2 + at);
+  const __m512i q1 = quantize16<Bits>(v1, inv, row.q1 + at + 16, row.q2 + at + 16);
+  sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+#else
+  float amax = 0.f;
+  for (int k = 0; k < kBlock; ++k) amax = std::fmax(amax, std::fabs(xb[k]));
+  scale = amax / static_cast<float>(S::kQMax);
+  const float inverse = scale != 0.f ? 1.f / scale : 0.f;
+  for (int k = 0; k < kBlock; ++k) {
+    int Q = static_cast<int>(std::nearbyint(xb[k] * inverse));
+    Q = Q > S::kQMax ? S::kQMax : (Q < -S::kQMax ? -S::kQMax : Q);
+    const int hi = (Q + S::kRound) >> S::kShift;  // arithmetic shift: floor
+    row.q1[at + k] = static_cast<int8_t>(hi);
+    row.q2[at + k] = static_cast<int8_t>(Q - (1 << S::kShift) * hi);
+    sum += Q;
+  }
+#endif
+  row.s[blk] = scale;
+  row.sx[blk] = scale * static_cast<float>(sum);
+  row.sumq[blk] = sum;
+}
+
 // x[0, n) (n a multiple of 32) -> blocks 0.. of `row` starting at value c0 (a multiple of 32); where the
 // VNNI kernel is built, 16 blocks at a time (quantize_blocks) while at least kQuantizeTogether are left.
 inline void quantize(const float* x, int64_t n, const I16Rows& row, int64_t c0) {
@@ -191,44 +223,8 @@ inline void quantize(const float* x, int64_t n, const I16Rows& row, int64_t c0) 
                     c0 + kBlock * first, kBlock);
 #endif
   for (int64_t b = first; b < n / kBlock; ++b) {
-    const float* xb = x + kBlock * b;
-    const int64_t blk = (c0 + kBlock * b) / kBlock, at = row.at(c0 + kBlock * b);
-    const bool b12 = row.bits == 12;
-    const int qmax = b12 ? kQMax12 : kQMax;
-    int sum = 0;
-    float scale;
-#if defined(VOXLANE_R16_VNNI)
-    const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-    scale = amax / static_cast<float>(qmax);
-    const float inverse = scale != 0.f ? 1.f / scale : 0.f;
-    const __m512 inv = _mm512_set1_ps(inverse);
-    __m512i q0, q1;
-    if (b12) {
-      q0 = quantize16<12>(v0, inv, row.q1 + at, row.q2 + at);
-      q1 = quantize16<12>(v1, inv, row.q1 + at + 16, row.q2 + at + 16);
-    } else {
-      q0 = quantize16(v0, inv, row.q1 + at, row.q2 + at);
-      q1 = quantize16(v1, inv, row.q1 + at + 16, row.q2 + at + 16);
-    }
-    sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-#else
-    float amax = 0.f;
-    for (int k = 0; k < kBlock; ++k) amax = std::fmax(amax, std::fabs(xb[k]));
-    scale = amax / static_cast<float>(qmax);
-    const float inverse = scale != 0.f ? 1.f / scale : 0.f;
-    for (int k = 0; k < kBlock; ++k) {
-      int Q = static_cast<int>(std::nearbyint(xb[k] * inverse));
-      Q = Q > qmax ? qmax : (Q < -qmax ? -qmax : Q);
-      const int hi = b12 ? Q >> 4 : (Q + 64) >> 7;  // arithmetic shift: floor
-      row.q1[at + k] = static_cast<int8_t>(hi);
-      row.q2[at + k] = static_cast<int8_t>(Q - (b12 ? 16 : 128) * hi);
-      sum += Q;
-    }
-#endif
-    row.s[blk] = scale;
-    row.sx[blk] = scale * static_cast<float>(sum);
-    row.sumq[blk] = sum;
+    if (row.bits == 12) quantize_block<12>(x + kBlock * b, row, c0 + kBlock * b);
+    else quantize_block<16>(x + kBlock * b, row, c0 + kBlock * b);
   }
 }
 
