@@ -718,10 +718,9 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
     carve_blocks<r16::I16Rows>(widths, {t, t, t, n <= 8 || i16_tiles ? n : 0}, 2, 3,
                                {&buffers.hi, &buffers.attni, &buffers.acti, &buffers.logiti}, q_bytes, q_scales,
                                [&](int8_t* q, float* sc, int64_t values, int64_t width) {
-                                 const int64_t nb = values / r16::kBlock;
-                                 const bool b12 = i16_tiles && values / width >= r16::kTileMinRows;
-                                 return r16::I16Rows{q, b12 ? q + r16::kBlock : q + values, sc, sc + nb,
-                                                     reinterpret_cast<int32_t*>(sc + 2 * nb), width, b12 ? 12 : 16};
+                                 const int64_t rows = values / width;
+                                 const bool b12 = i16_tiles && rows >= r16::kTileMinRows;
+                                 return r16::rows_over(q, sc, rows, width, b12 ? 12 : 16);
                                });
   }
   argmax_stride_ = n + 8;

@@ -164,9 +164,7 @@ struct I16Input {
     bytes = at::empty({2, M, cols}, x.options().dtype(at::kChar));
     scales = at::empty({3, M, nb}, x.options());
     float* sc = scales.data_ptr<float>();
-    int8_t* q = bytes.data_ptr<int8_t>();
-    rows = r16::I16Rows{q, bits == 12 ? q + r16::kBlock : q + M * cols, sc, sc + M * nb,
-                        reinterpret_cast<int32_t*>(sc + 2 * M * nb), cols, bits};
+    rows = r16::rows_over(bytes.data_ptr<int8_t>(), sc, M, cols, bits);
     r16::quantize_rows(x.data_ptr<float>(), M, cols, rows);
   }
 };

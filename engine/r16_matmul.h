@@ -83,6 +83,14 @@ struct I16Rows {
   }
 };
 
+// `rows` rows of width K over one byte buffer q (2 rows x K bytes each: the rows' q1, then their q2 for
+// bits 16; for bits 12 each row's blocks as [q1 | q2], 64 bytes a block) and one fp32 buffer sc (3 x rows x
+// K / 32: s, sx, then sumq as int32): the layout of the one-call step's and the ops' quantized inputs.
+inline I16Rows rows_over(int8_t* q, float* sc, int64_t rows, int64_t K, int bits) {
+  const int64_t values = rows * K, nb = values / kBlock;
+  return {q, bits == 12 ? q + kBlock : q + values, sc, sc + nb, reinterpret_cast<int32_t*>(sc + 2 * nb), K, bits};
+}
+
 // The split of Q: q1 = (Q + kRound) >> kShift (an arithmetic shift: floor), q2 = Q - (q1 << kShift), so
 // Q = (1 << kShift) q1 + q2 (bits 16: 128, q2 in [-64, 63]; bits 12: 16, q2 in [0, 15]).
 template <int Bits> struct Split;
