@@ -59,28 +59,13 @@ def filter_top_k_top_p(logits: Tensor, top_k: int, top_p: float) -> Tensor:
         kth = torch.topk(logits, top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
-        # The logits in descending order: for fp32 on the CPU their values from numpy's sort (~0.25 ms for
-        # 49k here), not torch.sort's values and order (~4.5 ms on one thread, more on two under load).
-        if logits.dtype == torch.float32 and logits.device.type == "cpu":
-            sorted_logits = torch.from_numpy(np.sort(logits.numpy())[::-1].copy())
-        else:
-            sorted_logits = torch.sort(logits, descending=True).values
+        # Drop a token when the tokens before it already reach top_p (the first is always kept); of equal
+        # logits the first by index come first (a stable sort), as in nucleus_numpy. The sampled rows of
+        # fp32 CPU logits take nucleus_numpy instead (Sampler._sample_row_numpy): this is the torch rule
+        # for the others, and the reference the numpy one is tested against.
+        sorted_logits, order = torch.sort(logits, descending=True, stable=True)
         probs = sorted_logits.softmax(-1)
-        # Drop a token when the tokens before it already reach top_p (the first is always kept).
-        drop = (probs.cumsum(-1) - probs) >= top_p
-        dropped = int(drop.sum())
-        if dropped and bool(drop[-dropped:].all()):  # the last places (always, but for rounding)
-            edge = sorted_logits[-dropped]  # the largest dropped value: the ones below it go
-            out = logits < edge
-            # of the logits equal to it, as many stay as places before the drop are left for them (the
-            # first ones by index; a sort's order of equal values is its own)
-            tied = (logits == edge).nonzero().flatten()
-            out[tied[len(logits) - dropped - int((logits > edge).sum()):]] = True
-            logits = logits.masked_fill(out, float("-inf"))
-        elif dropped:
-            sorted_logits, order = torch.sort(logits, descending=True)
-            cumulative = sorted_logits.softmax(-1).cumsum(-1)
-            logits = logits.index_fill(0, order[(cumulative - sorted_logits.softmax(-1)) >= top_p], float("-inf"))
+        logits = logits.index_fill(0, order[(probs.cumsum(-1) - probs) >= top_p], float("-inf"))
     return logits
 
 
