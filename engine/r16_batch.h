@@ -49,18 +49,9 @@ inline const amx::TileConfig& config(int M) {
   return configs[M - 1];
 }
 
-// Loads `config` unless it is this thread's tile configuration already (STTILECFG stores the current one:
-// all zeros when the tiles are released). Why: LDTILECFG cost ~60 ns a call, and a decoding step calls this
-// kernel for every task (one thread: ~5,900 calls a SmolLM2 step, 1-4 groups of 16 rows each); a call
-// of one group of gate/up took 1.16x the time of one with the configuration kept (one linear at 8 rows,
-// in cache, thread CPU; the check itself ~1-2 %). Nothing here needs the zeroed tiles LDTILECFG leaves
-// (each product zeroes its C tile first).
-inline void load_config(const amx::TileConfig& config) {
-  alignas(64) amx::TileConfig current;
-  _tile_storeconfig(&current);
-  __asm__ volatile("" : "+m"(current));  // its 64 bytes as written: gcc's builtin may not say it writes them all
-  if (std::memcmp(&current, &config, sizeof current) != 0) _tile_loadconfig(&config);
-}
+// Loads a configuration unless it is this thread's already (r16_tiles.h: the prompt tiles' one-product path
+// keeps its configuration after a call too).
+using tiles::load_config;
 
 // y[m, n] = x^[m] . W[n] for weight rows [n0, n1) (multiples of 16) and the M (1-8) rows of x, whose q2
 // follows its q1 (x.q2 == x.q1 + M K).

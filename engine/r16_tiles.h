@@ -39,13 +39,18 @@
 // Both: block b + 1's tile loads (into a second bank of A and B tiles) and products are issued before
 // block b's epilogue (row_block), the epilogue's row count is known at compile time (its accumulators stay
 // in registers), and the next group's bytes are prefetched while one is multiplied. tile_calls() counts
-// the tiles' calls.
+// the tiles' calls. The one-product path has one tile configuration per call (config12: the full blocks of
+// 16 rows and the last M % 16 in two slots of tiles), kept after the call, and its epilogue is compiled for
+// SmolLM2's row lengths (by_blocks). What sets its pace (the twelfth session's harness, docs/engine.md):
+// the tile instructions and the epilogue's vector instructions do not overlap (each adds its own time, in
+// cache too), so every instruction per block counts, not the tile chain's latency.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -76,20 +81,69 @@ inline std::atomic<int64_t>& calls12() {  // of them, on 12-bit rows
   return n;
 }
 
-// The tile configuration for R activation rows. Two products: C (tiles 0, 1: the q1 and q2 sums, R x 64
+// The two-product tile configuration for R activation rows: C (tiles 0, 1: the q1 and q2 sums, R x 64
 // bytes); two banks of A (q1, q2: tiles 2, 3 and 4, 5, R x 32 bytes) and B (tile 6 and 7, 8 x 64 bytes).
-// One product (12-bit rows, Q4): C (tile 0, R x 64 bytes); two banks of A ([q1 | q2]: tiles 2 and 3, R x 64
-// bytes) and B ([16 u | u]: tiles 4 and 5, 16 x 64 bytes).
-inline const amx::TileConfig& config(int R, bool one) {
+inline const amx::TileConfig& config(int R) {
   static const auto configs = [] {
-    std::array<amx::TileConfig, 32> all;
-    for (int r = 1; r <= 16; ++r) {
-      all[r - 1].tiles(0, 2, r, 64).tiles(2, 4, r, 32).tiles(6, 2, 8, 64);
-      all[15 + r].tiles(0, 1, r, 64).tiles(2, 2, r, 64).tiles(4, 2, 16, 64);
-    }
+    std::array<amx::TileConfig, 16> all;
+    for (int r = 1; r <= 16; ++r) all[r - 1].tiles(0, 2, r, 64).tiles(2, 4, r, 32).tiles(6, 2, 8, 64);
     return all;
   }();
-  return configs[(one ? 16 : 0) + R - 1];
+  return configs[R - 1];
+}
+
+// The one-product configuration of a call (12-bit rows, Q4): two slots of C and two banks of A, slot 0 for
+// R0 rows (C tile 0, A tiles 2 and 3; R0 = 16, or M < 16) and slot 1 for the call's last R1 = M % 16 rows
+// (C tile 1, A tiles 6 and 7; R1 = 0: none), the two banks of B ([16 u | u]: tiles 4 and 5, 16 x 64 bytes)
+// shared. So one configuration serves every 16 rows of a call (row_block12's Slot), loaded once per call
+// (load_config: only when the thread's is another) instead of at every switch between 16 and the last rows.
+inline const amx::TileConfig& config12(int R0, int R1) {
+  static const auto configs = [] {
+    std::array<amx::TileConfig, 16 * 16> all;
+    for (int r0 = 1; r0 <= 16; ++r0)
+      for (int r1 = 0; r1 < 16; ++r1) {
+        amx::TileConfig& c = all[(r0 - 1) * 16 + r1];
+        c.tiles(0, 1, r0, 64).tiles(2, 2, r0, 64).tiles(4, 2, 16, 64);
+        if (r1) c.tiles(1, 1, r1, 64).tiles(6, 2, r1, 64);
+      }
+    return all;
+  }();
+  return configs[(R0 - 1) * 16 + R1];
+}
+
+// Loads `config` unless it is this thread's tile configuration already (STTILECFG stores the current one:
+// all zeros when the tiles are released). Why: LDTILECFG cost ~60 ns a call (r16_batch.h: a one-thread
+// SmolLM2 batch-8 step makes ~5,900 calls), and it waits for the tile instructions before it (the ninth
+// session's profile of a prompt: ~3-4 % of its samples at the switches between 16 and the last rows).
+// Nothing here needs the zeroed tiles LDTILECFG leaves (each product zeroes its C tile first), so the
+// kernels that load through this keep their configuration after a call (no _tile_release).
+inline void load_config(const amx::TileConfig& config) {
+  alignas(64) amx::TileConfig current;
+  _tile_storeconfig(&current);
+  __asm__ volatile("" : "+m"(current));  // its 64 bytes as written: gcc's builtin may not say it writes them all
+  if (std::memcmp(&current, &config, sizeof current) != 0) _tile_loadconfig(&config);
+}
+
+// Tile instructions whose tile numbers are template arguments (gcc's intrinsics paste them into the
+// instruction text, so they take only literals): row_block12's slots. tile_store is VOXLANE_TILE_STORE's
+// (the 1 KB it writes is its output operand, no "memory" clobber: q8_matmul.h).
+template <int T>
+__attribute__((always_inline)) inline void tile_load(const void* base, int64_t stride) {
+  __asm__ volatile("{tileloadd\t(%0,%1,1), %%tmm%c2|tileloadd\t%%tmm%c2, [%0+%1*1]}" ::"r"(base), "r"(stride), "i"(T));
+}
+template <int T>
+__attribute__((always_inline)) inline void tile_zero() {
+  __asm__ volatile("tilezero\t%%tmm%c0" ::"i"(T));
+}
+template <int C, int A, int B>
+__attribute__((always_inline)) inline void tile_dpbsud() {
+  __asm__ volatile("{tdpbsud\t%%tmm%c2, %%tmm%c1, %%tmm%c0|tdpbsud\t%%tmm%c0, %%tmm%c1, %%tmm%c2}" ::"i"(C), "i"(A), "i"(B));
+}
+template <int T>
+__attribute__((always_inline)) inline void tile_store(int32_t* buf) {
+  __asm__ volatile("{tilestored\t%%tmm%c2, (%1,%3,1)|tilestored\t[%1+%3*1], %%tmm%c2}"
+                   : "=m"(*reinterpret_cast<int32_t(*)[256]>(buf))
+                   : "r"(buf), "i"(T), "r"(64L));
 }
 
 // A Q4 group's lines -> B tiles (per block: rows 0-3 the low nibbles of lines 0-3, rows 4-7 the high).
@@ -258,14 +312,17 @@ __attribute__((noinline)) void row_block(const Weight& w, const uint8_t* bt, con
 
 // row_block's one-product twin (12-bit rows, Q4) over blocks [b0, b1) (y's values are added to when b0 >
 // 0): per block A = [q1 | q2] (64 bytes a row, row stride 2K) and B = [16 u | u] (16 rows, bt: block b0's 1
-// KB) into one of two banks, one K = 64 product into the C tile, one store, the epilogue (accumulate_row
-// with Shift 0: one load per row, no shift or add). The same schedule: block b + 1's loads and product are
-// issued before block b's epilogue.
-template <class Lay, int R>
+// KB) into one of two banks, one K = 64 product into the slot's C tile, one store, the epilogue
+// (accumulate_row with Shift 0: one load per row, no shift or add). The same schedule: block b + 1's loads
+// and product are issued before block b's epilogue. Slot (config12): 0 = C tile 0 and A tiles 2, 3; 1 = C
+// tile 1 and A tiles 6, 7 (a call's last M % 16 rows). NB: the row's blocks (x's per-block s, sx, sumq
+// are NB apart from one row to the next) when known at compile time (by_blocks), else 0 (w's).
+template <class Lay, int R, int Slot, int NB>
 __attribute__((noinline)) void row_block12(const Weight& w, const uint8_t* bt, const uint8_t* scales,
                                            const uint8_t* next, const I16Rows& x, float* y, int64_t ldy, int64_t b0,
                                            int64_t b1) {
-  const int64_t nb = w.nblocks, lda = x.stride();
+  constexpr int kC = Slot, kA0 = Slot ? 6 : 2, kA1 = Slot ? 7 : 3;
+  const int64_t nb = NB ? NB : w.nblocks, lda = NB ? 2 * kBlock * NB : x.stride();
   const int8_t* q = x.q1 + 2 * kBlock * b0;
   const float *s = x.s, *sx = x.sx;
   const int32_t* sumq = x.sumq;
@@ -281,37 +338,37 @@ __attribute__((noinline)) void row_block12(const Weight& w, const uint8_t* bt, c
     block_scales<Lay>(scales, b, d, mn);
     accumulate_rows<Lay, R, 0>(cb, nullptr, d, mn, s, sx, sumq, nb, b, acc);
   };
-#define VOXLANE_R16_LOAD(A, BT, b)                 \
-  do {                                             \
-    _tile_loadd(BT, bt + 1024 * (b), 64);          \
-    _tile_loadd(A, q + 2 * kBlock * (b), lda);     \
-  } while (0)
-#define VOXLANE_R16_PRODUCT(A, BT)                 \
-  do {                                             \
-    _tile_zero(0);                                 \
-    _tile_dpbsud(0, A, BT);                        \
-  } while (0)
+  auto load = [&](auto bank, int64_t i) __attribute__((always_inline)) {
+    constexpr bool kFirst = decltype(bank)::value == 0;
+    tile_load<kFirst ? 4 : 5>(bt + 1024 * i, 64);
+    tile_load<kFirst ? kA0 : kA1>(q + 2 * kBlock * i, lda);
+  };
+  auto product = [&](auto bank) __attribute__((always_inline)) {
+    constexpr bool kFirst = decltype(bank)::value == 0;
+    tile_zero<kC>();
+    tile_dpbsud<kC, kFirst ? kA0 : kA1, kFirst ? 4 : 5>();
+  };
+  const std::integral_constant<int, 0> bank0;
+  const std::integral_constant<int, 1> bank1;
   const int64_t n = b1 - b0;
-  VOXLANE_R16_LOAD(2, 4, 0);
-  VOXLANE_R16_PRODUCT(2, 4);
+  load(bank0, 0);
+  product(bank0);
   int64_t b = 0;
   for (; b + 2 <= n; b += 2) {  // C holds block b0 + b's product (bank 0's tiles)
-    VOXLANE_R16_LOAD(3, 5, b + 1);
-    VOXLANE_TILE_STORE(0, c[0]);
-    VOXLANE_R16_PRODUCT(3, 5);
+    load(bank1, b + 1);
+    tile_store<kC>(c[0]);
+    product(bank1);
     epilogue(c[0], b);
     const bool more = b + 2 < n;
-    if (more) VOXLANE_R16_LOAD(2, 4, b + 2);
-    VOXLANE_TILE_STORE(0, c[1]);
-    if (more) VOXLANE_R16_PRODUCT(2, 4);
+    if (more) load(bank0, b + 2);
+    tile_store<kC>(c[1]);
+    if (more) product(bank0);
     epilogue(c[1], b + 1);
   }
   if (b < n) {  // an odd block count: the last block
-    VOXLANE_TILE_STORE(0, c[0]);
+    tile_store<kC>(c[0]);
     epilogue(c[0], b);
   }
-#undef VOXLANE_R16_LOAD
-#undef VOXLANE_R16_PRODUCT
   each_row<R>([&](auto m) __attribute__((always_inline)) { _mm512_storeu_ps(y + m.value * ldy, std::get<m.value>(acc)); });
 }
 
@@ -331,14 +388,64 @@ inline void by_rows(int r, Kernel&& kernel, Args&&... args) {
 // 0.80x / 0.94x / 0.97x the two-product kernel's speed at 9 / 16 / 43 rows.
 constexpr int64_t kSplitBlocks = 24;
 
+// f(std::integral_constant<int, NB>) with NB = nb where row_block12 is compiled for it (SmolLM2-135M's rows
+// of K = 576 and 1536 values: 18 and 48 blocks), else NB = 0 (any nb, at run time). Why: the epilogue
+// reads each row's s and sx at m nb + b; with nb a constant those are one base register and a constant
+// displacement per row, with nb at run time gcc kept the 32 rows' pointers on the stack (a reload before
+// most broadcasts). A same-process harness (SmolLM2's shapes, random Q4_1, 43 rows, 1 thread, in cache,
+// alternating, 41 rounds; docs/engine.md, twelfth session): 0.82-0.89x the time with the stride at run
+// time, both with one configuration per call.
+template <class F>
+__attribute__((always_inline)) inline void by_blocks(int64_t nb, F&& f) {
+  if (nb == 18) return f(std::integral_constant<int, 18>{});
+  if (nb == 48) return f(std::integral_constant<int, 48>{});
+  f(std::integral_constant<int, 0>{});
+}
+
+// The one-product path of matmul (12-bit rows, Q4): every 16 rows of x against each group's spans of
+// <= kSplitBlocks blocks (split once for all of them), the first M - M % 16 rows in config12's slot 0 and
+// the last M % 16 in slot 1 (M < 16: slot 0), one configuration for the call.
+template <class Lay>
+inline void matmul12(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
+                     uint8_t* sp) {
+  const int64_t nb = w.nblocks, groups = w.rows / kRows, full = M / 16;
+  const int last = static_cast<int>(M % 16);
+  load_config(full ? config12(16, last) : config12(last, 0));
+  by_blocks(nb, [&](auto blocks) __attribute__((always_inline)) {
+    constexpr int NB = decltype(blocks)::value;
+    for (int64_t g = n0 / kRows; g < n1 / kRows; ++g) {
+      const uint8_t* group = w.group(g);
+      const uint8_t* next = w.group(std::min(g + 1, groups - 1));
+      const uint8_t* scales = group + w.lines_bytes;
+      const int64_t spans = (nb + kSplitBlocks - 1) / kSplitBlocks;
+      for (int64_t i = 0; i < spans; ++i) {
+        const int64_t b0 = nb * i / spans, b1 = nb * (i + 1) / spans;
+        split_nibbles12(group + b0 * Lay::kLines * 64, b1 - b0, sp);
+        __asm__ volatile("" ::: "memory");  // the split tiles written before the tile loads read them
+        for (int64_t m0 = 0; m0 < M; m0 += 16) {
+          const I16Rows rows = x.at_row(m0);
+          float* out = y + m0 * ldy + g * kRows;
+          if (m0 + 16 <= M) {
+            row_block12<Lay, 16, 0, NB>(w, sp, scales, next, rows, out, ldy, b0, b1);
+          } else {
+            by_rows<15>(last, [&](auto r, auto&&...) __attribute__((always_inline)) {
+              if (full) row_block12<Lay, decltype(r)::value, 1, NB>(w, sp, scales, next, rows, out, ldy, b0, b1);
+              else row_block12<Lay, decltype(r)::value, 0, NB>(w, sp, scales, next, rows, out, ldy, b0, b1);
+            });
+          }
+        }
+      }
+    }
+  });
+}
+
 // y[m, n] = x^[m] . W[n] for weight rows [n0, n1) (multiples of 16) and all M rows of x: one product per
-// block where x is 12-bit and W Q4, else two.
+// block where x is 12-bit and W Q4 (matmul12; the tiles' configuration is kept after the call), else two.
 template <class B>
 inline void matmul(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1) {
   using Lay = Layout<B>;
   constexpr bool kQ4 = Lay::kNibbles;
-  const bool one = kQ4 && x.bits == 12;
-  const int64_t nb = w.nblocks, groups = w.rows / kRows;
+  const int64_t nb = w.nblocks;
   thread_local std::vector<uint8_t> split;  // Q4: one group's B tiles
   uint8_t* sp = nullptr;
   if constexpr (kQ4) {
@@ -346,16 +453,19 @@ inline void matmul(const Weight& w, const I16Rows& x, int64_t M, float* y, int64
     sp = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(split.data()) + 63) & ~uintptr_t(63));
   }
   __asm__("" : "+r"(sp));  // a plain pointer (no thread_local look-up in the loops)
-  int loaded = -1;
   calls().fetch_add(1, std::memory_order_relaxed);
   if (x.bits == 12) calls12().fetch_add(1, std::memory_order_relaxed);
+  if constexpr (kQ4) {
+    if (x.bits == 12) return matmul12<Lay>(w, x, M, y, ldy, n0, n1, sp);
+  }
+  int loaded = -1;
   // kernel(std::integral_constant<int, R>, rows, out) for every 16 activation rows (R of them: the last
-  // may be fewer) of group g, the tiles configured for R rows (one call uses one configuration kind)
+  // may be fewer) of group g, the tiles configured for R rows
   auto each_16_rows = [&](int64_t g, auto&& kernel) __attribute__((always_inline)) {
     for (int64_t m0 = 0; m0 < M; m0 += 16) {
       const int R = static_cast<int>(std::min<int64_t>(16, M - m0));
       if (R != loaded) {
-        _tile_loadconfig(&config(R, one));
+        _tile_loadconfig(&config(R));
         loaded = R;
       }
       const I16Rows rows = x.at_row(m0);
@@ -363,24 +473,11 @@ inline void matmul(const Weight& w, const I16Rows& x, int64_t M, float* y, int64
       by_rows(R, [&](auto r, auto&&...) __attribute__((always_inline)) { kernel(r, rows, out); });
     }
   };
+  const int64_t groups = w.rows / kRows;
   for (int64_t g = n0 / kRows; g < n1 / kRows; ++g) {
     const uint8_t* group = w.group(g);
     const uint8_t* next = w.group(std::min(g + 1, groups - 1));
     const uint8_t* scales = group + w.lines_bytes;
-    if constexpr (kQ4) {
-      if (one) {  // spans of <= kSplitBlocks blocks, each split once for every 16 rows
-        const int64_t spans = (nb + kSplitBlocks - 1) / kSplitBlocks;
-        for (int64_t i = 0; i < spans; ++i) {
-          const int64_t b0 = nb * i / spans, b1 = nb * (i + 1) / spans;
-          split_nibbles12(group + b0 * Lay::kLines * 64, b1 - b0, sp);
-          __asm__ volatile("" ::: "memory");  // the split tiles written before the tile loads read them
-          each_16_rows(g, [&](auto r, const I16Rows& rows, float* out) __attribute__((always_inline)) {
-            row_block12<Lay, decltype(r)::value>(w, sp, scales, next, rows, out, ldy, b0, b1);
-          });
-        }
-        continue;
-      }
-    }
     const uint8_t* bt = group;
     if constexpr (kQ4) {
       split_nibbles(group, nb, sp);

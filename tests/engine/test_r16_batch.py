@@ -123,21 +123,26 @@ def test_step_decode_batch_in_batch_tiles(batch_tiles, smollm2_native):
 
 
 def test_batch_tiles_after_other_tile_configurations(batch_tiles):
-    """The batch tiles load their tile configuration only when the thread's is another (r16_batch.h's
-    load_config): calls of 8, 3 and 8 rows again, with the prompt tiles' 16-row configuration (and
-    their release) between, each bit-equal to the VNNI kernel. A check that skipped a needed load
-    would run a product with another call's tile shapes."""
+    """The batch tiles load their tile configuration only when the thread's is another (r16_tiles.h's
+    load_config): calls of 8, 3 and 8 rows again, with the prompt tiles between (on int16 rows: their
+    16-row configuration and its release; on 12-bit rows: the one-product configuration of 17 rows, kept
+    after the call), each bit-equal to the VNNI kernel. A check that skipped a needed load would run a
+    product with another call's tile shapes."""
     ops = batch_tiles
     format, cols = fmt.Q4_1, 576
     g = torch.Generator().manual_seed(11)
     packed = random_blocks(format, 64, cols, g).contiguous()
     ops.quant_r16_pack_(packed, format, cols)
     before = ops.r16_batch_tile_calls()
-    for M, prompt_between in [(8, False), (8, False), (3, False), (8, False), (8, True), (3, True), (1, False), (8, False)]:
-        if prompt_between:
+    for M, prompt_between in [(8, 0), (8, 0), (3, 0), (8, 0), (8, 16), (3, 16), (1, 0), (8, 12), (3, 12), (8, 0)]:
+        if prompt_between == 16:
             x16 = torch.randn(16, cols, generator=g)
             prompt = ops.quant_linear_r16(x16, packed, format, cols, 3)  # the prompt tiles (on int16: bit-equal to VNNI): 16 rows
             assert torch.equal(prompt, ops.quant_linear_r16(x16, packed, format, cols, 0))
+        elif prompt_between == 12:
+            calls12 = ops.r16_tile_calls(12)
+            ops.quant_linear_r16(torch.randn(17, cols, generator=g), packed, format, cols, 1)  # 12-bit rows: 16 + 1
+            assert ops.r16_tile_calls(12) > calls12
         x = torch.randn(M, cols, generator=g)
         got = ops.quant_linear_r16(x, packed, format, cols, 2)
         assert torch.equal(got, ops.quant_linear_r16(x, packed, format, cols, 0)), f"{M} rows"

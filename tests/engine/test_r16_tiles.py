@@ -110,19 +110,20 @@ def test_random_blocks(tiles, format, cols):
 @pytest.mark.parametrize("format", [fmt.Q4_0, fmt.Q4_1, fmt.Q8_0], ids=lambda f: fmt.NAMES[f])
 def test_every_row_count(tiles, format):
     """The tile kernel runs each block of up to 16 activation rows in code compiled for its row count
-    (1-16: the accumulators in registers), alone (M = 1-16) and as the last block after full ones (M =
-    17-32), over 19 blocks (an odd count: the last block after the loop's pairs), 2 blocks (one pair: one
-    per bank of A and B tiles) and 48 (SmolLM2's down: two spans of 24 for Q4 on 12-bit rows). On 12-bit
-    rows every count's outputs are within 2e-6 of their own size of the 12-bit twin; on int16 rows
-    bit-equal to the VNNI kernel's on the same R16 bytes (the same integer sums and fp32 steps in the same
-    order)."""
+    (1-16: the accumulators in registers), alone (M = 1-16) and as the last block after one or two full ones
+    (M = 17-48; on 12-bit Q4 rows in the configuration's second slot of tiles), over 19 blocks (an odd
+    count: the last block after the loop's pairs), 2 blocks (one pair: one per bank of A and B tiles), 48
+    (SmolLM2's down: two spans of 24 for Q4 on 12-bit rows; and row_block12 compiled for 48 blocks) and 18
+    (SmolLM2's K = 576: compiled for 18). On 12-bit rows every count's outputs are within 2e-6 of their own
+    size of the 12-bit twin; on int16 rows bit-equal to the VNNI kernel's on the same R16 bytes (the same
+    integer sums and fp32 steps in the same order)."""
     g = torch.Generator().manual_seed(format * 7 + 1)
-    for cols in (608, 64, 1536):
+    for cols in (608, 64, 1536, 576):
         weight = QuantWeight(format, random_blocks(format, 32, cols, g).contiguous(), cols)
         packed = weight.blocks.clone()
         tiles.quant_r16_pack_(packed, weight.format, weight.cols)
-        x = torch.randn(32, cols, generator=g) + 0.5
-        for M in range(1, 33):
+        x = torch.randn(48, cols, generator=g) + 0.5
+        for M in range(1, 49):
             xm = x[:M].contiguous()
             before = tiles.r16_tile_calls(12)
             got = tiles.quant_linear_r16(xm, packed, format, cols, 1).double()
@@ -130,9 +131,40 @@ def test_every_row_count(tiles, format):
             reference, size = tile_twin(weight, xm)
             worst = ((got - reference).abs() / (size + 1e-30)).max().item()
             assert ((got - reference).abs() <= 2e-6 * size + 1e-30).all(), f"{fmt.NAMES[format]}, K {cols}, {M} rows: {worst:.2e}"
+            if M > 32:
+                continue  # the two-product kernel's row blocks: as at 17-32
             got16 = tiles.quant_linear_r16(xm, packed, format, cols, 3)
             vnni = tiles.quant_linear_r16(xm, packed, format, cols, 0)
             assert torch.equal(got16, vnni), f"{fmt.NAMES[format]}, K {cols}, {M} rows: {(got16 - vnni).abs().max().item():.3e}"
+
+
+@pytest.mark.parametrize("format", [fmt.Q4_0, fmt.Q4_1], ids=lambda f: fmt.NAMES[f])
+def test_rows_equal_one_at_a_time(tiles, format):
+    """The one-product tiles (12-bit rows, Q4: r16_tiles.h's matmul12) give each row the same integer sums
+    and fp32 steps whatever rows share its call: every row count 1-48 (the full blocks of 16 in the
+    configuration's first slot of tiles, the last M % 16 rows in its second; below 16 rows the first)
+    bit-equal to the same rows multiplied one at a time (one row in the first slot), at K = 576 and 1536
+    (row_block12 compiled for 18 and 48 blocks, and 1536 in two spans of 24) and 608 and 64 (19 and 2
+    blocks, at run time). Between the calls the thread's tile configuration is the batch tiles' (a call of
+    3 rows: load_config must load the prompt tiles' again), the same call's (consecutive M: no load needed
+    when equal) or another row count's. A call that ran a row against another row's activations, scales or
+    blocks, another span's split weights or the wrong slot's tile shapes differs from the single rows."""
+    assert tiles.set_r16_batch_tiles(True), "kernels built without the batch tiles on an AMX-INT8 machine"
+    g = torch.Generator().manual_seed(format * 3 + 2)
+    for cols in (576, 1536, 608, 64):
+        packed = random_blocks(format, 32, cols, g).contiguous()
+        tiles.quant_r16_pack_(packed, format, cols)
+        x = torch.randn(48, cols, generator=g) * torch.rand(48, 1, generator=g) * 4
+        single = torch.cat([tiles.quant_linear_r16(x[m:m + 1].contiguous(), packed, format, cols, 1) for m in range(48)])
+        for M in range(1, 49):
+            if M % 5 == 0:
+                tiles.quant_linear_r16(x[:3].contiguous(), packed, format, cols, 2)  # the batch tiles' configuration
+            before = tiles.r16_tile_calls(12)
+            got = tiles.quant_linear_r16(x[:M].contiguous(), packed, format, cols, 1)
+            assert tiles.r16_tile_calls(12) > before, "the 12-bit tiles did not run"
+            assert torch.equal(got, single[:M]), f"{fmt.NAMES[format]}, K {cols}, {M} rows: rows {(got != single[:M]).any(1).nonzero().flatten().tolist()}"
+            if M % 7 == 0:  # the same call again, its configuration kept
+                assert torch.equal(tiles.quant_linear_r16(x[:M].contiguous(), packed, format, cols, 1), got)
 
 
 def test_extreme_activations(tiles):
