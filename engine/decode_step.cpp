@@ -361,13 +361,14 @@ class NativeDecoder : public torch::CustomClassHolder {
 
 // One step as phases for the StepPool. Rows are tokens: one per decoding sequence, and every token
 // of a prompt chunk (consecutive positions of one slot). Per layer: (0) add + input norm, (1) qkv,
-// (2) RoPE'd k and v written into the cache for every row (in a step of <= 8 rows, by the qkv tasks
-// that computed them instead: the phase is empty), (3) attention of every row over its slot's keys
+// (2) RoPE'd k and v written into the cache for every row (in practice by the qkv tasks that computed
+// them instead: the phase is empty; see kv_in_qkv), (3) attention of every row over its slot's keys
 // 0..position (after (2): a chunk's rows see each other causally), (4) o_proj,
 // (5) add + post norm, (6) gate and up rows of the same intermediate indices, then silu(gate) * up,
 // (7) down; then the final norm and the LM head, for the rows whose logits are wanted only.
-// Matrix phases hand out weight rows in units (16 rows, qkv in decoding batches head_dim, gate/up 32,
-// the head 128 or, in decoding batches on several threads, 16), up to task_rows' rows per task (the
+// Matrix phases hand out weight rows in units (16 rows, qkv in decoding batches head_dim and in prompt
+// chunks 16 rows of q, then head_dim of k and of v, gate/up 32, the head 128 or, in decoding batches on
+// several threads, 16), up to task_rows' rows per task (the
 // step pool's chunks), times every row of x (8 at a time, quant_matmul.h). In decoding batches the norms
 // (5) and (0) are the tails of (4) and the layer before's (7) (has_tail), and the final norm the last
 // layer's (7)'s.
@@ -376,8 +377,9 @@ class StepWork : public PhasedWork {
   StepWork(NativeDecoder& m, int64_t T, const int64_t* positions, const int64_t* slots, const int64_t* logit_rows,
            int64_t n_logits, StepBuffers buffers, int threads)
       : m(m), T(T), positions(positions), slots(slots), logit_rows(logit_rows), n_logits(n_logits), buf(buffers),
-        bf16x(m.bf16_activations_), Nqkv((m.H + 2 * m.Hkv) * m.d), scratch(threads), packs(threads), kv_in_qkv(T <= 8),
-        norms_in_tails(T <= 8), qkv_unit(kv_in_qkv ? std::lcm(kRows, m.d) : kRows),
+        bf16x(m.bf16_activations_), Nqkv((m.H + 2 * m.Hkv) * m.d), scratch(threads), packs(threads), decoding(T <= 8),
+        kv_in_qkv(decoding || m.d % kRows == 0), norms_in_tails(decoding),
+        qkv_unit(decoding ? std::lcm(kRows, m.d) : kRows), q_units(decoding || !kv_in_qkv ? 0 : m.H * m.d / kRows),
         head_unit(threads > 1 && T <= 8 ? kRows : kHeadRows),
         qkv_chunk(task_rows(Nqkv, qkv_unit, threads) / qkv_unit), d_chunk(task_rows(m.D, kRows, threads) / kRows),
         act_chunk(task_rows(m.I, kActRows, threads) / kActRows),
@@ -392,9 +394,9 @@ class StepWork : public PhasedWork {
     switch (p % kPerLayer) {
       case 0: return norms_in_tails && p > 0 ? 0 : chunks(T, kRows);  // layer 0's input norm stays a phase
       case 5: return norms_in_tails ? 0 : chunks(T, kRows);
-      case 1: return chunks(Nqkv, qkv_unit);
+      case 1: return q_units ? q_units + 2 * m.Hkv : chunks(Nqkv, qkv_unit);
       case 2: return kv_in_qkv ? 0 : T * m.Hkv;
-      case 3: return kv_in_qkv ? T * m.Hkv * head_tasks : chunks(T, kRows) * m.Hkv;  // prompt chunks: 16 rows a unit
+      case 3: return decoding ? T * m.Hkv * head_tasks : chunks(T, kRows) * m.Hkv;  // prompt chunks: 16 rows a unit
       case 6: return chunks(m.I, kActRows);
       default: return chunks(m.D, kRows);  // o_proj, down
     }
@@ -430,7 +432,7 @@ class StepWork : public PhasedWork {
     if (p == m.layers * kPerLayer) return;
     const Layer& layer = m.layer_[p / kPerLayer];
     switch (p % kPerLayer) {
-      case 1: return layer.qkv.prefetch(u0 * qkv_unit, std::min(Nqkv, u1 * qkv_unit), descending);
+      case 1: return layer.qkv.prefetch(qkv_row(u0), qkv_row(u1), descending);
       case 4: return layer.o.prefetch(u0 * kRows, std::min(m.D, u1 * kRows), descending);
       case 6: return layer.gate_up.prefetch(u0 * kActRows, std::min(m.I, u1 * kActRows), descending);
       case 7: return layer.down.prefetch(u0 * kRows, std::min(m.D, u1 * kRows), descending);
@@ -504,7 +506,7 @@ class StepWork : public PhasedWork {
     switch (p % kPerLayer) {
       case 0: return input_norm(l, r0, r1);
       case 1: {
-        const int64_t n0 = u0 * qkv_unit, n1 = std::min(Nqkv, u1 * qkv_unit);
+        const int64_t n0 = qkv_row(u0), n1 = qkv_row(u1);
         layer.qkv.run(buf.h, T, buf.qkv, Nqkv, n0, n1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi), descending);
         if (kv_in_qkv) write_own_kv(args, n0, n1);
         return;
@@ -514,7 +516,7 @@ class StepWork : public PhasedWork {
         return;
       case 3:
         for (int64_t task = u0; task < u1; ++task) {
-          if (!kv_in_qkv) {  // a prompt chunk's rows 16 at a time (attend_rows), the last rows' (most keys) first
+          if (!decoding) {  // a prompt chunk's rows 16 at a time (attend_rows), the last rows' (most keys) first
             const int64_t g = task % m.Hkv, b0 = (chunks(T, kRows) - 1 - task / m.Hkv) * kRows, n = std::min(kRows, T - b0);
             attend_rows(args, b0, n, g, scratch[worker]);
             if (buf.attnq.q || buf.attni.q1)
@@ -579,6 +581,11 @@ class StepWork : public PhasedWork {
     const int64_t per = chunks(rows, threads * kTasksPerThread);
     return std::max(unit, chunks(per, unit) * unit);
   }
+  // The first row of qkv unit u (u = the phase's size: Nqkv).
+  int64_t qkv_row(int64_t u) const {
+    if (!q_units) return std::min(Nqkv, u * qkv_unit);
+    return u <= q_units ? u * kRows : m.H * m.d + (u - q_units) * m.d;
+  }
   static const Q8Rows* q8(const Q8Rows& rows) { return rows.q ? &rows : nullptr; }
   static const r16::I16Rows* i16(const r16::I16Rows& rows) { return rows.q1 ? &rows : nullptr; }
 
@@ -626,13 +633,20 @@ class StepWork : public PhasedWork {
   const int64_t Nqkv;
   std::vector<AttentionScratch> scratch;  // one per worker
   std::vector<XPack> packs;  // one per worker: the bf16 tiles of the input of the phase it last packed
-  // Decode-sized steps (<= 8 rows): each qkv task writes the k/v rows it computed into the cache
-  // (write_own_kv; its phase is then empty), its tasks a multiple of head_dim rows.
+  const bool decoding;  // <= 8 rows: decoding batches (attend() per row; else attend_rows per 16 rows)
+  // Each qkv task writes the k/v rows it computed into the cache (write_own_kv; the k/v phase is then
+  // empty), its units whole heads of k and v: in decoding batches every unit a multiple of head_dim
+  // rows, in prompt chunks (when head_dim is a multiple of 16) q's rows 16 at a time, then k's and v's
+  // a head each (q_units: the q units). Why in prompt chunks: the k/v phase was T x Hkv tasks of ~0.1 us
+  // each (129 for a 43-token prompt of SmolLM2, ~3,900 a prompt) and a hand-off per layer; on two
+  // threads each task's ticket and done count cost more than its work (a cache line from the other
+  // core each).
   const bool kv_in_qkv;
   const bool norms_in_tails;  // decoding batches: the norms are tails of the matrix phases before them
-  // Rows per unit of the qkv phase (a multiple of head_dim with kv_in_qkv) and of the LM head's (16 in
-  // decoding batches on several threads, else kHeadRows); o_proj, down: kRows, gate/up: kActRows.
-  const int64_t qkv_unit, head_unit;
+  // Rows per unit of the qkv phase (a multiple of head_dim in decoding batches; else 16, q_units of q
+  // and then head_dim a unit) and of the LM head's (16 in decoding batches on several threads, else
+  // kHeadRows); o_proj, down: kRows, gate/up: kActRows.
+  const int64_t qkv_unit, q_units, head_unit;
   // The most units per task of each matrix phase: task_rows' rows (1 on one thread and in prompt chunks).
   const int64_t qkv_chunk, d_chunk, act_chunk, head_chunk;
   // Attention tasks per (row, kv head): its R query heads split in this many (R, or 1 when there are

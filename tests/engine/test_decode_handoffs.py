@@ -31,7 +31,7 @@ def test_a_decode_step_has_five_phases_per_layer(ops, smollm2_native, int16):
     units of qkv (64-row units: head_dim), attention (one per kv head), o_proj and down (16 rows) and
     gate/up (32), then the LM head's (128 rows): no task for the other norms, which ride in o_proj's and
     down's tails (7 hand-offs per layer before). A prompt chunk (12 rows) keeps its norm phases (one task
-    each) and the final norm."""
+    each) and the final norm, and its qkv tasks write the k/v (a task per row and kv head before)."""
     from engine.kv_cache import KVCache
     from engine.native_step import build_decoder
 
@@ -55,10 +55,51 @@ def test_a_decode_step_has_five_phases_per_layer(ops, smollm2_native, int16):
     per_layer = qkv // 64 + kv + D // 16 + I // 32 + D // 16
     head = -(-V // 128)
     assert decode_tasks == 1 + a.num_layers * per_layer + head
-    # the prompt chunk: 16-row qkv units, its k/v write per (row, kv head), attention per (16 rows, kv
-    # head) (attend_rows), both norms
-    prompt_layer = qkv // 16 + 12 * kv + -(-12 // 16) * kv + D // 16 + I // 32 + D // 16 + 2
+    # the prompt chunk: q's rows 16 at a time and k's and v's a head each (the qkv tasks write the k/v
+    # of their heads: no task per (row, kv head) writes them), attention per (16 rows, kv head)
+    # (attend_rows), both norms
+    prompt_layer = a.num_heads * d // 16 + 2 * kv + -(-12 // 16) * kv + D // 16 + I // 32 + D // 16 + 2
     assert prompt_tasks == a.num_layers * prompt_layer + 1 + head
+
+
+def on_one_and_two_threads(model, int16: bool, slots: int, run) -> dict:
+    """run(decoder, cache) on a fresh decoder of ``model`` asked for 1, then 2 threads (the stall fallback
+    off: really two, even on a busy machine) -> {threads: its result}."""
+    from engine.kv_cache import KVCache
+    from engine.native_step import build_decoder
+
+    model.int16_activations = int16
+    threads = torch.get_num_threads()
+    out = {}
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            cache = KVCache(model.args, slots, 64, torch.float32)
+            decoder = build_decoder(model, cache.tensors)
+            decoder.set_stall_fallback(False)
+            out[n] = run(decoder, cache)
+    finally:
+        torch.set_num_threads(threads)
+        model.int16_activations = False
+    return out
+
+
+@pytest.mark.parametrize("int16", [False, True])
+def test_a_prompt_on_two_threads_equals_one_thread(ops, smollm2_native, int16):
+    """A 43-token prompt (row blocks of 16, 16 and 11; the issue's TTFT prompt) on two threads gives the
+    one-thread step's logits of every row and k/v bit for bit, however its phases are split into tasks:
+    each output (a 16-row group of weights times every row, a norm's row, a kv head's k/v written by the
+    qkv task that computed the head) is computed by one task the same way wherever it runs."""
+    T = 43
+
+    def prompt(decoder, cache):
+        logits = decoder.step(torch.arange(300, 300 + T) * 7 % 5000, torch.arange(T), torch.ones(T, dtype=torch.long),
+                              torch.arange(T))
+        return logits, cache.tensors.k[:, 1, :, :T].clone(), cache.tensors.v[:, 1, :, :T].clone()
+
+    out = on_one_and_two_threads(smollm2_native, int16, 2, prompt)
+    for a, b in zip(out[1], out[2]):
+        assert torch.equal(a, b)
 
 
 def test_an_expected_step_finds_the_helper_awake(ops, smollm2_native):
