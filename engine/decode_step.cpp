@@ -380,10 +380,10 @@ class StepWork : public PhasedWork {
         bf16x(m.bf16_activations_), Nqkv((m.H + 2 * m.Hkv) * m.d), scratch(threads), packs(threads), decoding(T <= 8),
         kv_in_qkv(decoding || m.d % kRows == 0), norms_in_tails(decoding),
         qkv_unit(decoding ? std::lcm(kRows, m.d) : kRows), q_units(decoding || !kv_in_qkv ? 0 : m.H * m.d / kRows),
-        head_unit(threads > 1 && T <= 8 ? kRows : kHeadRows),
+        norm_unit(decoding ? kRows : kNormRows), head_unit(threads > 1 && T <= 8 ? kRows : kHeadRows),
         qkv_chunk(task_rows(Nqkv, qkv_unit, threads) / qkv_unit), d_chunk(task_rows(m.D, kRows, threads) / kRows),
         act_chunk(task_rows(m.I, kActRows, threads) / kActRows),
-        head_chunk(task_rows(m.head.rows, kHeadRows, threads) / head_unit),
+        head_chunk(decoding ? task_rows(m.head.rows, kHeadRows, threads) / head_unit : kPromptHeadUnits),
         head_tasks(threads > 1 && T * m.Hkv < 4 * threads ? m.H / m.Hkv : 1) {}
 
   int64_t phases() const override { return m.layers * kPerLayer + 2; }
@@ -392,8 +392,8 @@ class StepWork : public PhasedWork {
     if (p >= m.layers * kPerLayer)
       return p == m.layers * kPerLayer ? (norms_in_tails ? 0 : 1) : (n_logits ? chunks(m.head.rows, head_unit) : 0);
     switch (p % kPerLayer) {
-      case 0: return norms_in_tails && p > 0 ? 0 : chunks(T, kRows);  // layer 0's input norm stays a phase
-      case 5: return norms_in_tails ? 0 : chunks(T, kRows);
+      case 0: return norms_in_tails && p > 0 ? 0 : chunks(T, norm_unit);  // layer 0's input norm stays a phase
+      case 5: return norms_in_tails ? 0 : chunks(T, norm_unit);
       case 1: return q_units ? q_units + 2 * m.Hkv : chunks(Nqkv, qkv_unit);
       case 2: return kv_in_qkv ? 0 : T * m.Hkv;
       case 3: return decoding ? T * m.Hkv * head_tasks : chunks(T, kRows) * m.Hkv;  // prompt chunks: 16 rows a unit
@@ -408,6 +408,7 @@ class StepWork : public PhasedWork {
       case 1: return qkv_chunk;
       case 4: case 7: return d_chunk;
       case 6: return act_chunk;
+      case 0: case 5: return decoding ? 1 : kPromptTaskRows / kNormRows;
       default: return 1;
     }
   }
@@ -502,7 +503,7 @@ class StepWork : public PhasedWork {
     const int64_t stride = m.S * m.Hkv * m.L * m.d;
     const AttentionArgs args{buf.qkv, buf.cos, buf.sin, m.k_ + l * stride, m.v_ + l * stride, slots, positions,
                              buf.attn, m.H, m.Hkv, m.d, m.L, m.window};
-    const int64_t r0 = u0 * kRows, r1 = std::min(T, u1 * kRows);  // the norms' rows
+    const int64_t r0 = u0 * norm_unit, r1 = std::min(T, u1 * norm_unit);  // the norms' rows
     switch (p % kPerLayer) {
       case 0: return input_norm(l, r0, r1);
       case 1: {
@@ -567,6 +568,11 @@ class StepWork : public PhasedWork {
   static constexpr int64_t kHeadRows = 128;  // the LM head's tasks (49k-152k rows)
   static constexpr int64_t kActRows = kQ8;   // gate/up: a task's act values are whole Q8 blocks of each row
   static constexpr int64_t kTasksPerThread = 8;
+  // Prompt chunks: the most rows of a task (the matrices' weight rows, the norms' rows), the norms' rows
+  // per unit (a 43-token prompt's norm was 3 tasks of 16, 16 and 11 rows: on two threads one thread ran
+  // two of them while the other waited), and the LM head's units per task (of kHeadRows; its rows are a
+  // prompt's last rows only, often one).
+  static constexpr int64_t kPromptTaskRows = 64, kNormRows = 4, kPromptHeadUnits = 4;
   static int64_t chunks(int64_t rows, int64_t size) { return (rows + size - 1) / size; }
 
   // The most rows per task of a matrix of `rows` rows: `unit` (a multiple of it), or with several threads
@@ -574,10 +580,14 @@ class StepWork : public PhasedWork {
   // one unit, where the threads meet at a phase's end). Why: a 16-row task of Qwen2.5-0.5B's q/k/v or
   // o_proj streams ~10 KB of weights, while each task updates counters that the other core wrote
   // last (the ticket and the phase's done count: a cache-line transfer each).
-  // One thread keeps the small tasks (its counters stay in its own cache); a prefill chunk's tasks
-  // are long enough (each weight row times up to 8 activation rows, re-read per 8).
+  // One thread keeps the small tasks (its counters stay in its own cache). Prompt chunks: up to
+  // kPromptTaskRows rows (the step pool's chunks: a quarter of what is left on two threads, single units
+  // where the threads meet). Why: in AMX tiles a 16-row unit of a 43-token prompt takes ~3 us (qkv,
+  // o_proj), and on two threads each task's ticket and done count cost ~0.15-0.2 us (profiled: ~1.1 ms of
+  // each thread's 24 in ~5,000 tasks).
   int64_t task_rows(int64_t rows, int64_t unit, int threads) const {
-    if (threads < 2 || T > 8) return unit;
+    if (T > 8) return std::max(unit, kPromptTaskRows / unit * unit);
+    if (threads < 2) return unit;
     const int64_t per = chunks(rows, threads * kTasksPerThread);
     return std::max(unit, chunks(per, unit) * unit);
   }
@@ -646,8 +656,8 @@ class StepWork : public PhasedWork {
   // Rows per unit of the qkv phase (a multiple of head_dim in decoding batches; else 16, q_units of q
   // and then head_dim a unit) and of the LM head's (16 in decoding batches on several threads, else
   // kHeadRows); o_proj, down: kRows, gate/up: kActRows.
-  const int64_t qkv_unit, q_units, head_unit;
-  // The most units per task of each matrix phase: task_rows' rows (1 on one thread and in prompt chunks).
+  const int64_t qkv_unit, q_units, norm_unit, head_unit;
+  // The most units per task of each matrix phase: task_rows' rows (decoding batches on one thread: 1).
   const int64_t qkv_chunk, d_chunk, act_chunk, head_chunk;
   // Attention tasks per (row, kv head): its R query heads split in this many (R, or 1 when there are
   // enough (row, kv head) pairs for the threads): a batch-1 step of SmolLM2 has 3 kv heads for 2 threads.

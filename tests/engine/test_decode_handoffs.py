@@ -27,11 +27,12 @@ def _tasks_per_step(decoder, steps) -> tuple[list[int], torch.Tensor]:
 
 @pytest.mark.parametrize("int16", [False, True])
 def test_a_decode_step_has_five_phases_per_layer(ops, smollm2_native, int16):
-    """On one thread every unit is a task: a batch-1 step runs layer 0's input norm, then per layer the
-    units of qkv (64-row units: head_dim), attention (one per kv head), o_proj and down (16 rows) and
-    gate/up (32), then the LM head's (128 rows): no task for the other norms, which ride in o_proj's and
-    down's tails (7 hand-offs per layer before). A prompt chunk (12 rows) keeps its norm phases (one task
-    each) and the final norm, and its qkv tasks write the k/v (a task per row and kv head before)."""
+    """On one thread every unit of a decoding batch is a task: a batch-1 step runs layer 0's input norm,
+    then per layer the units of qkv (64-row units: head_dim), attention (one per kv head), o_proj and
+    down (16 rows) and gate/up (32), then the LM head's (128 rows): no task for the other norms, which
+    ride in o_proj's and down's tails (7 hand-offs per layer before). A prompt chunk (12 rows) keeps its
+    norm phases and the final norm, its qkv tasks write the k/v (a task per row and kv head before), and
+    its tasks are up to 64 weight rows (16 norm rows, 512 of the LM head) where every unit was a task."""
     from engine.kv_cache import KVCache
     from engine.native_step import build_decoder
 
@@ -55,11 +56,26 @@ def test_a_decode_step_has_five_phases_per_layer(ops, smollm2_native, int16):
     per_layer = qkv // 64 + kv + D // 16 + I // 32 + D // 16
     head = -(-V // 128)
     assert decode_tasks == 1 + a.num_layers * per_layer + head
-    # the prompt chunk: q's rows 16 at a time and k's and v's a head each (the qkv tasks write the k/v
-    # of their heads: no task per (row, kv head) writes them), attention per (16 rows, kv head)
-    # (attend_rows), both norms
-    prompt_layer = a.num_heads * d // 16 + 2 * kv + -(-12 // 16) * kv + D // 16 + I // 32 + D // 16 + 2
-    assert prompt_tasks == a.num_layers * prompt_layer + 1 + head
+    # the prompt chunk, per phase (units, most units per task): its norms 4 rows a unit, up to 16 a task;
+    # qkv: q's rows 16 at a time and k's and v's a head each (the qkv tasks write the k/v of their heads:
+    # no task per (row, kv head) writes them), up to 4 units (64 rows of q) a task; attention per (16
+    # rows, kv head) (attend_rows); o_proj and down 16 rows a unit, gate/up 32, up to 64 rows a task;
+    # the LM head's 128 rows a unit, 4 a task
+    norm = (-(-12 // 4), 16)
+    layer = [norm, (a.num_heads * d // 16 + 2 * kv, 4), (-(-12 // 16) * kv, 1), (D // 16, 4), norm, (I // 32, 2),
+             (D // 16, 4)]
+    phases = layer * a.num_layers + [(1, 1), (head, 4)]
+    assert prompt_tasks == sum(pool_tasks(units, most) for units, most in phases)
+
+
+def pool_tasks(units: int, most: int, threads: int = 1) -> int:
+    """The tasks of a phase of ``units`` units on one thread: the step pool's task is a 2 x threads-th of
+    the units left, at least 1 and at most ``most``."""
+    tasks = 0
+    while units > 0:
+        units -= min(max(units // (2 * threads), 1), most)
+        tasks += 1
+    return tasks
 
 
 def on_one_and_two_threads(model, int16: bool, slots: int, run) -> dict:
