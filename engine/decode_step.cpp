@@ -413,6 +413,11 @@ class StepWork : public PhasedWork {
     }
   }
 
+  // The stall fallback's count of this step (PhasedWork::weight): a decoding batch 1, a prompt chunk of T
+  // rows T / 8 (rounded up): about its time in decode steps (SmolLM2 on two threads: a 43-token prompt
+  // ~24 ms, 512 tokens ~290, a decode step ~4.6-5).
+  int64_t weight() const override { return decoding ? 1 : chunks(T, 8); }
+
   // In decoding batches the norms run as the tails of the matrix phases before them: o_proj's the post
   // norm, down's the next layer's input norm (the last layer's: the final norm), so a layer has 5 phases
   // (qkv, attention, o_proj, gate/up, down) and 5 hand-offs instead of 7.

@@ -181,6 +181,17 @@ def _thread_counts(decoder, steps: int, rows: int = 2) -> str:
     return "".join(out)
 
 
+def _prompt_threads(decoder, steps: int, rows: int = 40) -> str:
+    """``_thread_counts`` for prompt chunks of ``rows`` tokens (slot 0, positions from 0)."""
+    out = []
+    for _ in range(steps):
+        solo = decoder.solo_steps()
+        decoder.step(torch.arange(rows) % 40, torch.arange(rows), torch.zeros(rows, dtype=torch.long),
+                     torch.tensor([rows - 1]))
+        out.append("1" if decoder.solo_steps() > solo else "2")
+    return "".join(out)
+
+
 @pytest.fixture
 def scripted_decoder(ops):
     """A tiny decoder on two threads whose steps' stall verdicts and times a test gives (``script_steps``:
@@ -191,7 +202,7 @@ def scripted_decoder(ops):
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        decoder = _tiny_decoder(torch.randn(40, 64, generator=torch.Generator().manual_seed(1)))
+        decoder = _tiny_decoder(torch.randn(40, 64, generator=torch.Generator().manual_seed(1)), positions=64)
         decoder.set_stall_fallback(True)
         decoder.script_steps([], 2, 1)  # every step clean until a test says otherwise
         yield decoder
@@ -262,3 +273,22 @@ def test_a_retry_of_another_kind_of_step_is_not_compared(scripted_decoder):
     d.script_steps([1], 1000, 2000)
     assert _thread_counts(d, 1 + 4) == "2" + "1" * 4
     assert _thread_counts(d, 3, rows=1) == "222"
+
+
+def test_a_stalled_prompt_costs_one_prompt_on_one_thread(scripted_decoder):
+    """A prompt chunk counts as its rows / 8 steps (a 40-token chunk: 5, about its time in decode steps):
+    a stalled prompt's span of 4 is used up by the next prompt alone, where 4 whole prompts ran alone
+    before (the TTFT benchmark: 4 samples at one thread's time per disturbance); a span begun by a decode
+    step ends with the prompt that comes during it; and 7 clean prompts (35 steps) set the span back to 4
+    as 32 clean decode steps do."""
+    d = scripted_decoder
+    d.script_steps([1], 2, 1)
+    assert _prompt_threads(d, 3) == "212"
+    d.set_stall_fallback(True)  # starts over
+    d.script_steps([1], 2, 1)
+    assert _thread_counts(d, 2) == "21"
+    assert _prompt_threads(d, 1) == "1"
+    assert _thread_counts(d, 2) == "22"
+    d.set_stall_fallback(True)
+    d.script_steps([1] + [0] * 7 + [1], 2, 1)
+    assert _prompt_threads(d, 1 + 1 + 7 + 1 + 2) == "21" + "2" * 7 + "2" + "12"
