@@ -361,13 +361,14 @@ class NativeDecoder : public torch::CustomClassHolder {
 
 // One step as phases for the StepPool. Rows are tokens: one per decoding sequence, and every token
 // of a prompt chunk (consecutive positions of one slot). Per layer: (0) add + input norm, (1) qkv,
-// (2) RoPE'd k and v written into the cache for every row (in a step of <= 8 rows, by the qkv tasks
-// that computed them instead: the phase is empty), (3) attention of every row over its slot's keys
+// (2) RoPE'd k and v written into the cache for every row (in practice by the qkv tasks that computed
+// them instead: the phase is empty; see kv_in_qkv), (3) attention of every row over its slot's keys
 // 0..position (after (2): a chunk's rows see each other causally), (4) o_proj,
 // (5) add + post norm, (6) gate and up rows of the same intermediate indices, then silu(gate) * up,
 // (7) down; then the final norm and the LM head, for the rows whose logits are wanted only.
-// Matrix phases hand out weight rows in units (16 rows, qkv in decoding batches head_dim, gate/up 32,
-// the head 128 or, in decoding batches on several threads, 16), up to task_rows' rows per task (the
+// Matrix phases hand out weight rows in units (16 rows, qkv in decoding batches head_dim and in prompt
+// chunks 16 rows of q, then head_dim of k and of v, gate/up 32, the head 128 or, in decoding batches on
+// several threads, 16), up to task_rows' rows per task (the
 // step pool's chunks), times every row of x (8 at a time, quant_matmul.h). In decoding batches the norms
 // (5) and (0) are the tails of (4) and the layer before's (7) (has_tail), and the final norm the last
 // layer's (7)'s.
@@ -376,12 +377,13 @@ class StepWork : public PhasedWork {
   StepWork(NativeDecoder& m, int64_t T, const int64_t* positions, const int64_t* slots, const int64_t* logit_rows,
            int64_t n_logits, StepBuffers buffers, int threads)
       : m(m), T(T), positions(positions), slots(slots), logit_rows(logit_rows), n_logits(n_logits), buf(buffers),
-        bf16x(m.bf16_activations_), Nqkv((m.H + 2 * m.Hkv) * m.d), scratch(threads), packs(threads), kv_in_qkv(T <= 8),
-        norms_in_tails(T <= 8), qkv_unit(kv_in_qkv ? std::lcm(kRows, m.d) : kRows),
-        head_unit(threads > 1 && T <= 8 ? kRows : kHeadRows),
+        bf16x(m.bf16_activations_), Nqkv((m.H + 2 * m.Hkv) * m.d), scratch(threads), packs(threads), decoding(T <= 8),
+        kv_in_qkv(decoding || m.d % kRows == 0), norms_in_tails(decoding),
+        qkv_unit(decoding ? std::lcm(kRows, m.d) : kRows), q_units(decoding || !kv_in_qkv ? 0 : m.H * m.d / kRows),
+        norm_unit(decoding ? kRows : kNormRows), head_unit(threads > 1 && T <= 8 ? kRows : kHeadRows),
         qkv_chunk(task_rows(Nqkv, qkv_unit, threads) / qkv_unit), d_chunk(task_rows(m.D, kRows, threads) / kRows),
         act_chunk(task_rows(m.I, kActRows, threads) / kActRows),
-        head_chunk(task_rows(m.head.rows, kHeadRows, threads) / head_unit),
+        head_chunk(decoding ? task_rows(m.head.rows, kHeadRows, threads) / head_unit : kPromptHeadUnits),
         head_tasks(threads > 1 && T * m.Hkv < 4 * threads ? m.H / m.Hkv : 1) {}
 
   int64_t phases() const override { return m.layers * kPerLayer + 2; }
@@ -390,11 +392,11 @@ class StepWork : public PhasedWork {
     if (p >= m.layers * kPerLayer)
       return p == m.layers * kPerLayer ? (norms_in_tails ? 0 : 1) : (n_logits ? chunks(m.head.rows, head_unit) : 0);
     switch (p % kPerLayer) {
-      case 0: return norms_in_tails && p > 0 ? 0 : chunks(T, kRows);  // layer 0's input norm stays a phase
-      case 5: return norms_in_tails ? 0 : chunks(T, kRows);
-      case 1: return chunks(Nqkv, qkv_unit);
+      case 0: return norms_in_tails && p > 0 ? 0 : chunks(T, norm_unit);  // layer 0's input norm stays a phase
+      case 5: return norms_in_tails ? 0 : chunks(T, norm_unit);
+      case 1: return q_units ? q_units + 2 * m.Hkv : chunks(Nqkv, qkv_unit);
       case 2: return kv_in_qkv ? 0 : T * m.Hkv;
-      case 3: return kv_in_qkv ? T * m.Hkv * head_tasks : chunks(T, kRows) * m.Hkv;  // prompt chunks: 16 rows a unit
+      case 3: return decoding ? T * m.Hkv * head_tasks : chunks(T, kRows) * m.Hkv;  // prompt chunks: 16 rows a unit
       case 6: return chunks(m.I, kActRows);
       default: return chunks(m.D, kRows);  // o_proj, down
     }
@@ -406,9 +408,15 @@ class StepWork : public PhasedWork {
       case 1: return qkv_chunk;
       case 4: case 7: return d_chunk;
       case 6: return act_chunk;
+      case 0: case 5: return decoding ? 1 : kPromptTaskRows / kNormRows;
       default: return 1;
     }
   }
+
+  // The stall fallback's count of this step (PhasedWork::weight): a decoding batch 1, a prompt chunk of T
+  // rows T / 8 (rounded up): about its time in decode steps (SmolLM2 on two threads: a 43-token prompt
+  // ~24 ms, 512 tokens ~290, a decode step ~4.6-5).
+  int64_t weight() const override { return decoding ? 1 : chunks(T, 8); }
 
   // In decoding batches the norms run as the tails of the matrix phases before them: o_proj's the post
   // norm, down's the next layer's input norm (the last layer's: the final norm), so a layer has 5 phases
@@ -430,7 +438,7 @@ class StepWork : public PhasedWork {
     if (p == m.layers * kPerLayer) return;
     const Layer& layer = m.layer_[p / kPerLayer];
     switch (p % kPerLayer) {
-      case 1: return layer.qkv.prefetch(u0 * qkv_unit, std::min(Nqkv, u1 * qkv_unit), descending);
+      case 1: return layer.qkv.prefetch(qkv_row(u0), qkv_row(u1), descending);
       case 4: return layer.o.prefetch(u0 * kRows, std::min(m.D, u1 * kRows), descending);
       case 6: return layer.gate_up.prefetch(u0 * kActRows, std::min(m.I, u1 * kActRows), descending);
       case 7: return layer.down.prefetch(u0 * kRows, std::min(m.D, u1 * kRows), descending);
@@ -500,11 +508,11 @@ class StepWork : public PhasedWork {
     const int64_t stride = m.S * m.Hkv * m.L * m.d;
     const AttentionArgs args{buf.qkv, buf.cos, buf.sin, m.k_ + l * stride, m.v_ + l * stride, slots, positions,
                              buf.attn, m.H, m.Hkv, m.d, m.L, m.window};
-    const int64_t r0 = u0 * kRows, r1 = std::min(T, u1 * kRows);  // the norms' rows
+    const int64_t r0 = u0 * norm_unit, r1 = std::min(T, u1 * norm_unit);  // the norms' rows
     switch (p % kPerLayer) {
       case 0: return input_norm(l, r0, r1);
       case 1: {
-        const int64_t n0 = u0 * qkv_unit, n1 = std::min(Nqkv, u1 * qkv_unit);
+        const int64_t n0 = qkv_row(u0), n1 = qkv_row(u1);
         layer.qkv.run(buf.h, T, buf.qkv, Nqkv, n0, n1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi), descending);
         if (kv_in_qkv) write_own_kv(args, n0, n1);
         return;
@@ -514,8 +522,9 @@ class StepWork : public PhasedWork {
         return;
       case 3:
         for (int64_t task = u0; task < u1; ++task) {
-          if (!kv_in_qkv) {  // a prompt chunk's rows 16 at a time (attend_rows), the last rows' (most keys) first
-            const int64_t g = task % m.Hkv, b0 = (chunks(T, kRows) - 1 - task / m.Hkv) * kRows, n = std::min(kRows, T - b0);
+          if (!decoding) {  // a prompt chunk's rows 16 at a time (attend_rows), the most keys first
+            const int64_t rank = attention_rank(task), g = rank % m.Hkv;
+            const int64_t b0 = (chunks(T, kRows) - 1 - rank / m.Hkv) * kRows, n = std::min(kRows, T - b0);
             attend_rows(args, b0, n, g, scratch[worker]);
             if (buf.attnq.q || buf.attni.q1)
               for (int64_t b = b0; b < b0 + n; ++b) quantize_heads(b * m.Hkv + g, 0, m.H / m.Hkv);
@@ -565,6 +574,11 @@ class StepWork : public PhasedWork {
   static constexpr int64_t kHeadRows = 128;  // the LM head's tasks (49k-152k rows)
   static constexpr int64_t kActRows = kQ8;   // gate/up: a task's act values are whole Q8 blocks of each row
   static constexpr int64_t kTasksPerThread = 8;
+  // Prompt chunks: the most rows of a task (the matrices' weight rows, the norms' rows), the norms' rows
+  // per unit (a 43-token prompt's norm was 3 tasks of 16, 16 and 11 rows: on two threads one thread ran
+  // two of them while the other waited), and the LM head's units per task (of kHeadRows; its rows are a
+  // prompt's last rows only, often one).
+  static constexpr int64_t kPromptTaskRows = 64, kNormRows = 4, kPromptHeadUnits = 4;
   static int64_t chunks(int64_t rows, int64_t size) { return (rows + size - 1) / size; }
 
   // The most rows per task of a matrix of `rows` rows: `unit` (a multiple of it), or with several threads
@@ -572,12 +586,32 @@ class StepWork : public PhasedWork {
   // one unit, where the threads meet at a phase's end). Why: a 16-row task of Qwen2.5-0.5B's q/k/v or
   // o_proj streams ~10 KB of weights, while each task updates counters that the other core wrote
   // last (the ticket and the phase's done count: a cache-line transfer each).
-  // One thread keeps the small tasks (its counters stay in its own cache); a prefill chunk's tasks
-  // are long enough (each weight row times up to 8 activation rows, re-read per 8).
+  // One thread keeps the small tasks (its counters stay in its own cache). Prompt chunks: up to
+  // kPromptTaskRows rows (the step pool's chunks: a quarter of what is left on two threads, single units
+  // where the threads meet). Why: in AMX tiles a 16-row unit of a 43-token prompt takes ~3 us (qkv,
+  // o_proj), and on two threads each task's ticket and done count cost ~0.15-0.2 us (profiled: ~1.1 ms of
+  // each thread's 24 in ~5,000 tasks).
   int64_t task_rows(int64_t rows, int64_t unit, int threads) const {
-    if (threads < 2 || T > 8) return unit;
+    if (T > 8) return std::max(unit, kPromptTaskRows / unit * unit);
+    if (threads < 2) return unit;
     const int64_t per = chunks(rows, threads * kTasksPerThread);
     return std::max(unit, chunks(per, unit) * unit);
+  }
+  // A prompt chunk's attention unit u -> the rank of its (16 rows, kv head) by keys (0: the last rows,
+  // the most keys; a rank's kv heads one after another): ranks 0, 2, 4, ... from the phase's front,
+  // 1, 3, 5, ... from its back, so both threads start with the longest tasks and meet at the shortest.
+  // Before (ranks in unit order) a 43-token prompt's 9 tasks (rows 32-42, 16-31 and 0-15 of each kv
+  // head: ~418, 392 and 136 query-key pairs a head), taken from both ends (one thread the longest, the
+  // other the shortest first), ended ~1.12x the phase's even split (one thread idle ~21 % of it; with
+  // these costs, simulated), now ~1.04x (~7 %).
+  int64_t attention_rank(int64_t u) const {
+    const int64_t n = chunks(T, kRows) * m.Hkv;
+    return 2 * u < n ? 2 * u : 2 * (n - 1 - u) + 1;
+  }
+  // The first row of qkv unit u (u = the phase's size: Nqkv).
+  int64_t qkv_row(int64_t u) const {
+    if (!q_units) return std::min(Nqkv, u * qkv_unit);
+    return u <= q_units ? u * kRows : m.H * m.d + (u - q_units) * m.d;
   }
   static const Q8Rows* q8(const Q8Rows& rows) { return rows.q ? &rows : nullptr; }
   static const r16::I16Rows* i16(const r16::I16Rows& rows) { return rows.q1 ? &rows : nullptr; }
@@ -626,14 +660,21 @@ class StepWork : public PhasedWork {
   const int64_t Nqkv;
   std::vector<AttentionScratch> scratch;  // one per worker
   std::vector<XPack> packs;  // one per worker: the bf16 tiles of the input of the phase it last packed
-  // Decode-sized steps (<= 8 rows): each qkv task writes the k/v rows it computed into the cache
-  // (write_own_kv; its phase is then empty), its tasks a multiple of head_dim rows.
+  const bool decoding;  // <= 8 rows: decoding batches (attend() per row; else attend_rows per 16 rows)
+  // Each qkv task writes the k/v rows it computed into the cache (write_own_kv; the k/v phase is then
+  // empty), its units whole heads of k and v: in decoding batches every unit a multiple of head_dim
+  // rows, in prompt chunks (when head_dim is a multiple of 16) q's rows 16 at a time, then k's and v's
+  // a head each (q_units: the q units). Why in prompt chunks: the k/v phase was T x Hkv tasks of ~0.1 us
+  // each (129 for a 43-token prompt of SmolLM2, ~3,900 a prompt) and a hand-off per layer; on two
+  // threads each task's ticket and done count cost more than its work (a cache line from the other
+  // core each).
   const bool kv_in_qkv;
   const bool norms_in_tails;  // decoding batches: the norms are tails of the matrix phases before them
-  // Rows per unit of the qkv phase (a multiple of head_dim with kv_in_qkv) and of the LM head's (16 in
-  // decoding batches on several threads, else kHeadRows); o_proj, down: kRows, gate/up: kActRows.
-  const int64_t qkv_unit, head_unit;
-  // The most units per task of each matrix phase: task_rows' rows (1 on one thread and in prompt chunks).
+  // Rows per unit of the qkv phase (a multiple of head_dim in decoding batches; else 16, q_units of q
+  // and then head_dim a unit) and of the LM head's (16 in decoding batches on several threads, else
+  // kHeadRows); o_proj, down: kRows, gate/up: kActRows.
+  const int64_t qkv_unit, q_units, norm_unit, head_unit;
+  // The most units per task of each matrix phase: task_rows' rows (decoding batches on one thread: 1).
   const int64_t qkv_chunk, d_chunk, act_chunk, head_chunk;
   // Attention tasks per (row, kv head): its R query heads split in this many (R, or 1 when there are
   // enough (row, kv head) pairs for the threads): a batch-1 step of SmolLM2 has 3 kv heads for 2 threads.

@@ -20,7 +20,9 @@
 // two-thread steps in a row set it back to 4. So a short disturbance (a neighbour's burst of a few ms)
 // costs a few one-thread steps, where a fixed span of 64 cost half of a 128-token reply at one
 // thread's speed, and sustained contention still runs alone for 128 steps of every 129 once the span
-// has grown. Results do not depend on the thread count (each output is computed by one task).
+// has grown. A step that does the work of several (a prompt chunk: PhasedWork::weight) counts as that
+// many in the spans and the clean steps, so a stall costs about 4 decode steps' time alone, not 4 whole
+// prompts. Results do not depend on the thread count (each output is computed by one task).
 #pragma once
 
 #include <algorithm>
@@ -61,6 +63,9 @@ struct PhasedWork {
   virtual void run(int64_t phase, int64_t u0, int64_t u1, int worker, bool descending) = 0;
   virtual void tail(int64_t, int) {}
   virtual void prefetch(int64_t, int64_t, int64_t, bool) {}
+  // How many steps this one counts as in the stall fallback's spans and clean steps (StallFallback): 1,
+  // or for work of several decode steps' time (a prompt chunk) about that many.
+  virtual int64_t weight() const { return 1; }
 };
 
 // The stall fallback's policy (see the header): whether a step asked for on several threads runs on
@@ -70,7 +75,11 @@ struct PhasedWork {
 // (or any step before kCleanSteps clean ones in a row), the contention goes on and the next span is
 // longer; kCleanSteps clean steps in a row were a disturbance that passed, and the span is back to
 // kMinSolo. One stall costs kMinSolo solo steps; sustained contention (every retry stalls) runs
-// kMinSolo, 2 kMinSolo, ... then kMaxSolo solo steps per several-thread step.
+// kMinSolo, 2 kMinSolo, ... then kMaxSolo solo steps per several-thread step. Steps are counted by their
+// weight (PhasedWork::weight): a solo step of weight w uses w of the span (and runs whole however little
+// of the span was left), a clean one counts as w clean steps in a row. Why: in the TTFT benchmark a
+// stalled 43-token prompt (weight 6) sent the next 4 prompts to one thread (~37 instead of ~24 ms each);
+// now the next one, about the 4 decode steps' time a stall costs between decode steps.
 // The retry also counts as stalled when it took longer than the span's fastest solo step of the same
 // shape (the work's phases and units): contention that slows two threads without a wait over
 // kStallNs on the calling thread (it is the one paused, or the pauses are short) still keeps the
@@ -79,10 +88,10 @@ class StallFallback {
  public:
   static constexpr int kMinSolo = 4, kMaxSolo = 128, kCleanSteps = 32;
 
-  // Whether the next step runs alone; true counts it as one of the span's.
-  bool take_solo() {
+  // Whether the next step (of `weight`) runs alone; true counts it as `weight` of the span's.
+  bool take_solo(int64_t weight = 1) {
     if (solo_left_ == 0) return false;
-    --solo_left_;
+    solo_left_ = std::max<int64_t>(0, solo_left_ - weight);
     ++solo_steps_;
     return true;
   }
@@ -94,19 +103,19 @@ class StallFallback {
     solo_shape_ = shape;
     have_solo_ = true;
   }
-  // A step that ran on several threads: whether it stalled, its shape and ns.
-  void several_threads_step(bool stalled, uint64_t shape, int64_t ns) {
+  // A step that ran on several threads: whether it stalled, its shape, ns and weight.
+  void several_threads_step(bool stalled, uint64_t shape, int64_t ns, int64_t weight = 1) {
     if (retry_) {  // the first after a span: lost against one thread?
       retry_ = false;
       if (have_solo_ && shape == solo_shape_ && ns > solo_ns_) stalled = true;
     }
     if (!stalled) {
-      clean_ = std::min(clean_ + 1, kCleanSteps);
+      clean_ = std::min<int64_t>(clean_ + weight, kCleanSteps);
       if (clean_ == kCleanSteps) span_ = kMinSolo;
       return;
     }
     solo_left_ = span_;
-    span_ = std::min(2 * span_, kMaxSolo);
+    span_ = std::min<int64_t>(2 * span_, kMaxSolo);
     clean_ = 0;
     retry_ = true;
     have_solo_ = false;
@@ -119,9 +128,9 @@ class StallFallback {
   int64_t solo_steps() const { return solo_steps_; }
 
  private:
-  int span_ = kMinSolo;  // the next span's steps
-  int solo_left_ = 0;    // steps of the current span still to run alone
-  int clean_ = 0;        // clean several-thread steps in a row since the last stall (at most kCleanSteps)
+  int64_t span_ = kMinSolo;  // the next span's steps
+  int64_t solo_left_ = 0;    // steps of the current span still to run alone
+  int64_t clean_ = 0;        // clean several-thread steps in a row since the last stall (at most kCleanSteps)
   bool retry_ = false;   // the next several-thread step is the first after a span
   bool have_solo_ = false;
   uint64_t solo_shape_ = 0;  // the span's last solo step's shape
@@ -155,7 +164,8 @@ class StepPool {
   // Runs all of work's phases with `threads` threads (this one included); returns when all are done.
   void run(PhasedWork& work, int threads) {
     threads = std::max(threads, 1);
-    const bool solo = threads > 1 && stall_fallback_ && fallback_.take_solo();
+    const int64_t weight = std::max<int64_t>(1, work.weight());
+    const bool solo = threads > 1 && stall_fallback_ && fallback_.take_solo(weight);
     if (solo) threads = 1;
     const auto start = std::chrono::steady_clock::now();
     stalled_ns_ = 0;
@@ -222,7 +232,7 @@ class StepPool {
           stalled = !script_.empty() && script_.front() != 0;
           if (!script_.empty()) script_.erase(script_.begin());
         }
-        fallback_.several_threads_step(stalled, shape, ns);
+        fallback_.several_threads_step(stalled, shape, ns, weight);
       }
     }
   }

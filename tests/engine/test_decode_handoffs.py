@@ -27,11 +27,12 @@ def _tasks_per_step(decoder, steps) -> tuple[list[int], torch.Tensor]:
 
 @pytest.mark.parametrize("int16", [False, True])
 def test_a_decode_step_has_five_phases_per_layer(ops, smollm2_native, int16):
-    """On one thread every unit is a task: a batch-1 step runs layer 0's input norm, then per layer the
-    units of qkv (64-row units: head_dim), attention (one per kv head), o_proj and down (16 rows) and
-    gate/up (32), then the LM head's (128 rows): no task for the other norms, which ride in o_proj's and
-    down's tails (7 hand-offs per layer before). A prompt chunk (12 rows) keeps its norm phases (one task
-    each) and the final norm."""
+    """On one thread every unit of a decoding batch is a task: a batch-1 step runs layer 0's input norm,
+    then per layer the units of qkv (64-row units: head_dim), attention (one per kv head), o_proj and
+    down (16 rows) and gate/up (32), then the LM head's (128 rows): no task for the other norms, which
+    ride in o_proj's and down's tails (7 hand-offs per layer before). A prompt chunk (12 rows) keeps its
+    norm phases and the final norm, its qkv tasks write the k/v (a task per row and kv head before), and
+    its tasks are up to 64 weight rows (16 norm rows, 512 of the LM head) where every unit was a task."""
     from engine.kv_cache import KVCache
     from engine.native_step import build_decoder
 
@@ -55,10 +56,66 @@ def test_a_decode_step_has_five_phases_per_layer(ops, smollm2_native, int16):
     per_layer = qkv // 64 + kv + D // 16 + I // 32 + D // 16
     head = -(-V // 128)
     assert decode_tasks == 1 + a.num_layers * per_layer + head
-    # the prompt chunk: 16-row qkv units, its k/v write per (row, kv head), attention per (16 rows, kv
-    # head) (attend_rows), both norms
-    prompt_layer = qkv // 16 + 12 * kv + -(-12 // 16) * kv + D // 16 + I // 32 + D // 16 + 2
-    assert prompt_tasks == a.num_layers * prompt_layer + 1 + head
+    # the prompt chunk, per phase (units, most units per task): its norms 4 rows a unit, up to 16 a task;
+    # qkv: q's rows 16 at a time and k's and v's a head each (the qkv tasks write the k/v of their heads:
+    # no task per (row, kv head) writes them), up to 4 units (64 rows of q) a task; attention per (16
+    # rows, kv head) (attend_rows); o_proj and down 16 rows a unit, gate/up 32, up to 64 rows a task;
+    # the LM head's 128 rows a unit, 4 a task
+    norm = (-(-12 // 4), 16)
+    layer = [norm, (a.num_heads * d // 16 + 2 * kv, 4), (-(-12 // 16) * kv, 1), (D // 16, 4), norm, (I // 32, 2),
+             (D // 16, 4)]
+    phases = layer * a.num_layers + [(1, 1), (head, 4)]
+    assert prompt_tasks == sum(pool_tasks(units, most) for units, most in phases)
+
+
+def pool_tasks(units: int, most: int, threads: int = 1) -> int:
+    """The tasks of a phase of ``units`` units on one thread: the step pool's task is a 2 x threads-th of
+    the units left, at least 1 and at most ``most``."""
+    tasks = 0
+    while units > 0:
+        units -= min(max(units // (2 * threads), 1), most)
+        tasks += 1
+    return tasks
+
+
+def on_one_and_two_threads(model, int16: bool, slots: int, run) -> dict:
+    """run(decoder, cache) on a fresh decoder of ``model`` asked for 1, then 2 threads (the stall fallback
+    off: really two, even on a busy machine) -> {threads: its result}."""
+    from engine.kv_cache import KVCache
+    from engine.native_step import build_decoder
+
+    model.int16_activations = int16
+    threads = torch.get_num_threads()
+    out = {}
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            cache = KVCache(model.args, slots, 64, torch.float32)
+            decoder = build_decoder(model, cache.tensors)
+            decoder.set_stall_fallback(False)
+            out[n] = run(decoder, cache)
+    finally:
+        torch.set_num_threads(threads)
+        model.int16_activations = False
+    return out
+
+
+@pytest.mark.parametrize("int16", [False, True])
+def test_a_prompt_on_two_threads_equals_one_thread(ops, smollm2_native, int16):
+    """A 43-token prompt (row blocks of 16, 16 and 11; the issue's TTFT prompt) on two threads gives the
+    one-thread step's logits of every row and k/v bit for bit, however its phases are split into tasks:
+    each output (a 16-row group of weights times every row, a norm's row, a kv head's k/v written by the
+    qkv task that computed the head) is computed by one task the same way wherever it runs."""
+    T = 43
+
+    def prompt(decoder, cache):
+        logits = decoder.step(torch.arange(300, 300 + T) * 7 % 5000, torch.arange(T), torch.ones(T, dtype=torch.long),
+                              torch.arange(T))
+        return logits, cache.tensors.k[:, 1, :, :T].clone(), cache.tensors.v[:, 1, :, :T].clone()
+
+    out = on_one_and_two_threads(smollm2_native, int16, 2, prompt)
+    for a, b in zip(out[1], out[2]):
+        assert torch.equal(a, b)
 
 
 def test_an_expected_step_finds_the_helper_awake(ops, smollm2_native):
@@ -124,6 +181,17 @@ def _thread_counts(decoder, steps: int, rows: int = 2) -> str:
     return "".join(out)
 
 
+def _prompt_threads(decoder, steps: int, rows: int = 40) -> str:
+    """``_thread_counts`` for prompt chunks of ``rows`` tokens (slot 0, positions from 0)."""
+    out = []
+    for _ in range(steps):
+        solo = decoder.solo_steps()
+        decoder.step(torch.arange(rows) % 40, torch.arange(rows), torch.zeros(rows, dtype=torch.long),
+                     torch.tensor([rows - 1]))
+        out.append("1" if decoder.solo_steps() > solo else "2")
+    return "".join(out)
+
+
 @pytest.fixture
 def scripted_decoder(ops):
     """A tiny decoder on two threads whose steps' stall verdicts and times a test gives (``script_steps``:
@@ -134,7 +202,7 @@ def scripted_decoder(ops):
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        decoder = _tiny_decoder(torch.randn(40, 64, generator=torch.Generator().manual_seed(1)))
+        decoder = _tiny_decoder(torch.randn(40, 64, generator=torch.Generator().manual_seed(1)), positions=64)
         decoder.set_stall_fallback(True)
         decoder.script_steps([], 2, 1)  # every step clean until a test says otherwise
         yield decoder
@@ -205,3 +273,22 @@ def test_a_retry_of_another_kind_of_step_is_not_compared(scripted_decoder):
     d.script_steps([1], 1000, 2000)
     assert _thread_counts(d, 1 + 4) == "2" + "1" * 4
     assert _thread_counts(d, 3, rows=1) == "222"
+
+
+def test_a_stalled_prompt_costs_one_prompt_on_one_thread(scripted_decoder):
+    """A prompt chunk counts as its rows / 8 steps (a 40-token chunk: 5, about its time in decode steps):
+    a stalled prompt's span of 4 is used up by the next prompt alone, where 4 whole prompts ran alone
+    before (the TTFT benchmark: 4 samples at one thread's time per disturbance); a span begun by a decode
+    step ends with the prompt that comes during it; and 7 clean prompts (35 steps) set the span back to 4
+    as 32 clean decode steps do."""
+    d = scripted_decoder
+    d.script_steps([1], 2, 1)
+    assert _prompt_threads(d, 3) == "212"
+    d.set_stall_fallback(True)  # starts over
+    d.script_steps([1], 2, 1)
+    assert _thread_counts(d, 2) == "21"
+    assert _prompt_threads(d, 1) == "1"
+    assert _thread_counts(d, 2) == "22"
+    d.set_stall_fallback(True)
+    d.script_steps([1] + [0] * 7 + [1], 2, 1)
+    assert _prompt_threads(d, 1 + 1 + 7 + 1 + 2) == "21" + "2" * 7 + "2" + "12"

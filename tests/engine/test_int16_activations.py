@@ -254,28 +254,17 @@ def test_two_threads_give_the_same_step(ops, smollm2_native):
     """The int16 step on two threads (tasks split differently, each quantizing its own slices) equals
     the one-thread step bit for bit: every 16-row group and 32-value block is computed the same way
     whichever task runs it."""
-    from engine.kv_cache import KVCache
-    from engine.native_step import build_decoder
+    from tests.engine.test_decode_handoffs import on_one_and_two_threads
 
-    model = smollm2_native
-    model.int16_activations = True
-    threads = torch.get_num_threads()
-    out = {}
-    try:
-        for n in (1, 2):
-            torch.set_num_threads(n)
-            cache = KVCache(model.args, 3, 64, torch.float32)
-            decoder = build_decoder(model, cache.tensors)
-            decoder.set_stall_fallback(False)  # really two threads, even on a busy machine
-            for slot in range(3):
-                decoder.step(torch.arange(100, 112) + slot, torch.arange(12), torch.full((12,), slot), torch.tensor([11]))
-            one = decoder.step(torch.tensor([7]), torch.tensor([12]), torch.tensor([0]), torch.tensor([0]))
-            three = decoder.step(torch.tensor([7, 8, 9]), torch.tensor([13, 12, 12]), torch.tensor([0, 1, 2]),
-                                 torch.tensor([0, 1, 2]))
-            k, v = cache.tensors.k, cache.tensors.v  # the positions written (the rest is torch.empty's)
-            out[n] = (one, three, k[:, :3, :, :13].clone(), v[:, :3, :, :13].clone(), k[:, 0, :, 13].clone())
-    finally:
-        torch.set_num_threads(threads)
-        model.int16_activations = False
+    def steps(decoder, cache):
+        for slot in range(3):
+            decoder.step(torch.arange(100, 112) + slot, torch.arange(12), torch.full((12,), slot), torch.tensor([11]))
+        one = decoder.step(torch.tensor([7]), torch.tensor([12]), torch.tensor([0]), torch.tensor([0]))
+        three = decoder.step(torch.tensor([7, 8, 9]), torch.tensor([13, 12, 12]), torch.tensor([0, 1, 2]),
+                             torch.tensor([0, 1, 2]))
+        k, v = cache.tensors.k, cache.tensors.v  # the positions written (the rest is torch.empty's)
+        return one, three, k[:, :3, :, :13].clone(), v[:, :3, :, :13].clone(), k[:, 0, :, 13].clone()
+
+    out = on_one_and_two_threads(smollm2_native, True, 3, steps)
     for a, b in zip(out[1], out[2]):
         assert torch.equal(a, b)

@@ -290,14 +290,15 @@ def test_two_threads_split_a_decode_steps_attention_and_change_no_logit(native_m
     assert torch.equal(two, one)
 
 
-def _tiny_decoder(head: torch.Tensor):
-    """A one-layer fp32 ``NativeDecoder`` (dim 64, one head) whose LM head is ``head`` [V, 64]."""
+def _tiny_decoder(head: torch.Tensor, positions: int = 8):
+    """A one-layer fp32 ``NativeDecoder`` (dim 64, one head, ``positions`` per slot) whose LM head is
+    ``head`` [V, 64]."""
     from engine import gguf_formats as fmt
 
     g = torch.Generator().manual_seed(3)
-    D, V = 64, head.shape[0]
-    cache = torch.zeros(1, 2, 1, 8, D)
-    decoder = torch.classes.voxlane.NativeDecoder(D, 1, 1, D, D, 1, 1e-5, 0, torch.ones(8, D), torch.zeros(8, D),
+    D, V, L = 64, head.shape[0], positions
+    cache = torch.zeros(1, 2, 1, L, D)
+    decoder = torch.classes.voxlane.NativeDecoder(D, 1, 1, D, D, 1, 1e-5, 0, torch.ones(L, D), torch.zeros(L, D),
                                                   cache, cache.clone())
 
     def add(role, rows, weight=None):
