@@ -223,3 +223,40 @@ def test_kv_cache_dtype_setting():
     assert EngineConfig(dtype="bfloat16").kv_torch_dtype(False) == torch.bfloat16
     with pytest.raises(ValueError, match="kv_cache_dtype: must be one of"):
         EngineConfig(kv_cache_dtype="bfloat16")
+
+
+def test_portable_fp16_rounding_is_torchs(tmp_path):
+    """kv_element.h's routines without F16C (a machine without them: engine/kv_element.h's portable
+    to_half and gguf's half_to_float), compiled with -march=x86-64 in a small harness
+    (tests/engine/kv_half_portable_check.cpp): torch's .half() bits for every half, every midpoint of two
+    neighbouring halves (ties to even), values between, overflow, subnormals, infinities and NaN; the
+    widened value is the half's."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no g++")
+    here = Path(__file__).parent
+    exe = tmp_path / "kv_half"
+    subprocess.run([compiler, "-std=c++17", "-O2", "-march=x86-64", f"-I{here.parent.parent / 'engine'}",
+                    str(here / "kv_half_portable_check.cpp"), "-o", str(exe)], check=True)
+    halves = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+    finite = halves[torch.isfinite(halves)].unique().sort().values  # -65504 .. 65504, one zero
+    middles = (finite[:-1] + finite.diff() / 2)  # ties (exact in fp32)
+    nudged = torch.cat([middles.nextafter(torch.tensor(float("inf"))), middles.nextafter(torch.tensor(-float("inf")))])
+    values = torch.cat([halves, middles, nudged, torch.tensor([65519.0, 65520.0, 65536.0, 1e9, -1e9, 3e-8, 2.9e-8,
+                                                                1e-30, -0.0, float("inf"), -float("inf"), float("nan")])])
+    bits = values.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    done = subprocess.run([str(exe)], input="\n".join(map(str, bits.tolist())), check=True, capture_output=True, text=True)
+    got = torch.tensor([[int(x) for x in line.split()] for line in done.stdout.splitlines()])
+    assert len(got) == len(values) > 200000
+    expected = values.half()
+    is_nan = torch.isnan(values)
+    got_half = got[:, 0].to(torch.int16).view(torch.float16)
+    assert torch.equal(got[~is_nan, 0].to(torch.int16), expected[~is_nan].view(torch.int16))
+    assert torch.isnan(got_half[is_nan]).all()
+    widened = (got[:, 1] & 0xFFFFFFFF).to(torch.int64)
+    widened = torch.where(widened >= 1 << 31, widened - (1 << 32), widened).to(torch.int32).view(torch.float32)
+    assert torch.equal(widened[~is_nan], expected[~is_nan].float())
