@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--int8-activations", action="store_true", help="EngineConfig.int8_activations (native)")
     parser.add_argument("--bf16-activations", action="store_true", help="EngineConfig.bf16_activations (native)")
     parser.add_argument("--int16-activations", action="store_true", help="EngineConfig.int16_activations (native)")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="EngineConfig.kv_cache_dtype: auto | float32 | float16")
     parser.add_argument("--ab-int8-activations", action="store_true",
                         help="alternate fp32 / int8 activations on one decoder (quant native), --rounds rounds")
     parser.add_argument("--ab-batch-tiles", action="store_true",
@@ -58,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                  num_threads=args.threads,
                                                                  int8_activations=args.int8_activations,
                                                                  bf16_activations=args.bf16_activations,
-                                                                 int16_activations=args.int16_activations),
+                                                                 int16_activations=args.int16_activations,
+                                                                 kv_cache_dtype=args.kv_cache_dtype),
                             background=False)
     runner = engine.runner
     slots = list(range(args.batch))
@@ -83,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.ab_batch_tiles:
         return ab_batch_tiles(args, engine, steps)
     result: dict = {"quant": args.quant, "int8_activations": args.int8_activations,
-                    "int16_activations": args.int16_activations, "batch": args.batch, "threads": args.threads, "load_avg": os.getloadavg()[0]}
+                    "int16_activations": args.int16_activations, "kv_cache": str(engine.kv_cache.tensors.k.dtype),
+                    "batch": args.batch, "threads": args.threads, "load_avg": os.getloadavg()[0]}
     if args.torch_profiler:
         from torch.profiler import ProfilerActivity, profile
 

@@ -33,12 +33,22 @@ class QualityReport:
     num_positions: int
 
 
-def one_slot_runner(model: Transformer, num_positions: int):
-    """A ``ModelRunner`` of ``model`` over a private KV cache of one slot and ``num_positions``."""
+def engine_kv_dtype(model: Transformer) -> torch.dtype:
+    """The KV cache's dtype the engine gives ``model`` by default (``kv_cache_dtype = "auto"``): fp16 where
+    the one-call step runs, else the activations' dtype."""
+    from engine import native_step
+    from engine.config import EngineConfig
+
+    return EngineConfig().kv_torch_dtype(True) if native_step.supports_model(model) else model.norm.weight.dtype
+
+
+def one_slot_runner(model: Transformer, num_positions: int, kv_dtype: torch.dtype | None = None):
+    """A ``ModelRunner`` of ``model`` over a private KV cache of one slot and ``num_positions`` (of
+    ``kv_dtype``; None: the engine's default for the model)."""
     from engine.kv_cache import KVCache
     from engine.runner import ModelRunner
 
-    return ModelRunner(model, KVCache(model.args, 1, num_positions, model.norm.weight.dtype))
+    return ModelRunner(model, KVCache(model.args, 1, num_positions, kv_dtype or engine_kv_dtype(model)))
 
 
 @torch.inference_mode()
@@ -57,11 +67,11 @@ def greedy_continuation(model: Transformer, ids: list[int], num_tokens: int,
 
 
 @torch.inference_mode()
-def next_token_logprobs(model: Transformer, ids: list[int], first: int) -> torch.Tensor:
+def next_token_logprobs(model: Transformer, ids: list[int], first: int, kv_dtype: torch.dtype | None = None) -> torch.Tensor:
     """log-softmax of the model's next-token logits at positions first-1 .. len(ids)-1 -> [n, V],
     computed the way generation computes them: the prompt ids[:first] as one prefill, then each
     later token as a decode step (so the int8 decode path, not only its prefill, is measured)."""
-    runner = one_slot_runner(model, len(ids) + 1)
+    runner = one_slot_runner(model, len(ids) + 1, kv_dtype)
     rows = [runner.prefill(0, ids[:first], 0)]
     for position in range(first, len(ids)):
         rows.append(runner.decode([0], [ids[position]], [position])[0])
@@ -69,14 +79,15 @@ def next_token_logprobs(model: Transformer, ids: list[int], first: int) -> torch
 
 
 def compare(reference: Transformer, candidate, encoded_prompts: list[list[int]], num_tokens: int,
-            stop_ids: set[int]) -> QualityReport:
-    """``candidate`` is a Transformer or a callable(ids) -> logits [T, V] (e.g. a transformers model)."""
+            stop_ids: set[int], kv_dtype: torch.dtype | None = None) -> QualityReport:
+    """``candidate`` is a Transformer (its KV cache ``kv_dtype``, None: the engine's default for it) or a
+    callable(ids) -> logits [T, V] (e.g. a transformers model). The reference runs over an fp32 cache."""
     agree = kl_sum = first_same = positions = 0.0
     for prompt in encoded_prompts:
         continuation, ref = greedy_continuation(reference, prompt, num_tokens, stop_ids)  # ref [n+1, V]
         ids = prompt + continuation
         if isinstance(candidate, Transformer):
-            test = next_token_logprobs(candidate, ids, len(prompt))
+            test = next_token_logprobs(candidate, ids, len(prompt), kv_dtype)
         else:
             with torch.inference_mode():
                 test = candidate(ids)[len(prompt) - 1:].float().log_softmax(-1)

@@ -17,7 +17,7 @@ from engine.quant import quantize_int8
 def quality_report(model_dir, num_prompts: int = 5, num_tokens: int = 48) -> dict:
     """{"engine native GGUF": QualityReport dict (when the model has a GGUF), "engine native GGUF, int8
     activations": ..., "engine native GGUF, bf16 activations": ..., "engine native GGUF, int16
-    activations": ..., "engine int8": ...,
+    activations": ..., "... int16 activations, fp32 KV cache": ..., "engine int8": ...,
     "engine int8, pure-torch path": ..., "quantize_dynamic int8": ...}
     on the fixed prompt set."""
     from transformers import AutoModelForCausalLM
@@ -46,6 +46,9 @@ def quality_report(model_dir, num_prompts: int = 5, num_tokens: int = 48) -> dic
             native.int16_activations = True  # decoding batches' Q4_0/Q4_1/Q8_0 inputs as int16 blocks (VNNI)
             report["engine native GGUF, int16 activations"] = asdict(compare(reference, native, prompts, num_tokens,
                                                                              stop))
+            # the rows above over the engine's default cache (fp16 where the one-call step runs); this one fp32
+            report["engine native GGUF, int16 activations, fp32 KV cache"] = asdict(compare(
+                reference, native, prompts, num_tokens, stop, kv_dtype=torch.float32))
         del native  # None on a machine without them: the pure-torch row is then the engine's
     paths = ([("engine int8", kernels)] if kernels is not None else []) + [("engine int8, pure-torch path", None)]
     for name, kernels in paths:

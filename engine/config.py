@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 DTYPES = ("float32", "bfloat16")
 QUANTS = ("auto", "none", "int8", "native")
 ACTIVATIONS = ("float32", "int8", "int16")
+KV_CACHE_DTYPES = ("auto", "float32", "float16")
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class EngineConfig:
     (docs/engine.md); ``quant="none"`` is the exact reference mode.
     """
 
-    dtype: str = "float32"  # activations and KV cache: "float32" | "bfloat16"
+    dtype: str = "float32"  # activations (and the KV cache, unless kv_cache_dtype says): "float32" | "bfloat16"
     # weights: "none" (fp32) | "int8" (weight-only, per-output-channel scales) | "native" (the GGUF's
     # own quantized blocks, engine.native_weights; needs the model's GGUF and fp32 activations) |
     # "auto": the model's measured best, chosen by whoever knows the model (the app's model store,
@@ -51,6 +52,12 @@ class EngineConfig:
     # (9+ rows) quantize them to 12-bit blocks for AMX int8 tiles (engine/r16_tiles.h); without AMX prompt
     # chunks, and other formats, keep their activations
     int16_activations: bool = False
+    # The KV cache's element: "float16" halves the bytes attention reads (a decoding batch of 8 rows read
+    # ~40-60 MB of fp32 keys and values a step against ~80 MB of SmolLM2's weights), keys and values then
+    # carrying 11 significant bits (llama.cpp's default cache is f16 too); "float32" is exact; "auto":
+    # float16 where the one-call step runs (engine/decode_step.cpp: fp32 activations with the kernels),
+    # else the activations' dtype (the pure-torch path). Quality measured: docs/engine.md, twelfth session.
+    kv_cache_dtype: str = "auto"
     max_batch_size: int = 8  # sequences decoded together in one step
     num_slots: int = 8  # KV-cache slots (running sequences + idle conversations kept warm)
     num_shared_prefixes: int = 4  # read-only cache rows for prompt starts shared by sessions (system prompts)
@@ -85,6 +92,8 @@ class EngineConfig:
         if self.int16_activations and (self.int8_activations or self.bf16_activations):
             raise ValueError("int16_activations: not with int8_activations or bf16_activations "
                              "(one activation precision at a time)")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype: must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if not 1 <= self.max_batch_size <= 256:
             raise ValueError(f"max_batch_size: must be in [1, 256], got {self.max_batch_size}")
         if not 1 <= self.num_slots <= 1024:
@@ -121,3 +130,12 @@ class EngineConfig:
         import torch
 
         return getattr(torch, self.dtype)
+
+    def kv_torch_dtype(self, one_call_step: bool):
+        """The KV cache's torch dtype, given whether the model runs the one-call step (``"auto"``: float16
+        there, else the activations' dtype)."""
+        import torch
+
+        if self.kv_cache_dtype == "auto":
+            return torch.float16 if one_call_step else self.torch_dtype
+        return getattr(torch, self.kv_cache_dtype)

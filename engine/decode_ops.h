@@ -1,14 +1,17 @@
 // The pieces of a decode step shared by the per-op kernels (kernels.cpp) and the one-call step
 // (decode_step.cpp): RMSNorm of a row, a vectorizing exp, RoPE of one head, and the attention of one
-// (sequence, kv head) over its cache slot.
+// (sequence, kv head) over its cache slot. The cache's element type KV is float or kv::Half
+// (kv_element.h): keys and values are rounded to it where they are written and read back as fp32.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
+#include "kv_element.h"
 #include "prefill_gemm.h"  // gemm::hsum4 (AVX-512)
 
 namespace voxlane {
@@ -74,10 +77,11 @@ inline void rope_into(const float* x, const float* cos, const float* sin, int64_
 // RoPE on the new q and k, the new k and v written at (slot, kv head, position), then each of the
 // R query heads that share the kv head attends keys 0..position of its own slot (the last `window`
 // of them when window > 0: Mistral's sliding window). No mask and no padding.
+template <class KV>
 struct AttentionArgs {
   const float* qkv;  // [B, (H + 2 Hkv) d]
   const float *cos, *sin;  // [B, d]
-  float *k_cache, *v_cache;  // [S, Hkv, L, d] (one layer's)
+  KV *k_cache, *v_cache;  // [S, Hkv, L, d] (one layer's)
   const int64_t *slots, *positions;  // [B]
   float* out;  // [B, H d]
   int64_t H, Hkv, d, L, window;
@@ -87,22 +91,34 @@ struct AttentionArgs {
 
 struct AttentionScratch {
   std::vector<float> q, scores, inv_total;  // q [R, d], scores [R, n_keys]
+  std::vector<float> k, v;  // a prompt task's keys and values widened from an fp16 cache: [n_keys, d] each
 };
 
-// Row b's new key of kv head g, RoPE'd, written at (slot, g, position); its new value copied likewise.
-inline void write_k(const AttentionArgs& a, int64_t b, int64_t g) {
+// Row b's new key of kv head g, RoPE'd, written at (slot, g, position) (an fp16 cache: RoPE'd in fp32,
+// then rounded once); its new value copied (rounded) likewise.
+template <class KV>
+inline void write_k(const AttentionArgs<KV>& a, int64_t b, int64_t g) {
   const int64_t d = a.d;
-  float* slot_keys = a.k_cache + ((a.slots[b] * a.Hkv + g) * a.L) * d;  // [L, d] of this slot and kv head
-  rope_into(a.qkv + b * a.row + (a.H + g) * d, a.cos + b * d, a.sin + b * d, d, slot_keys + a.positions[b] * d);
+  KV* key = a.k_cache + ((a.slots[b] * a.Hkv + g) * a.L + a.positions[b]) * d;
+  const float* src = a.qkv + b * a.row + (a.H + g) * d;
+  if constexpr (std::is_same_v<KV, float>) {
+    rope_into(src, a.cos + b * d, a.sin + b * d, d, key);
+  } else {
+    thread_local std::vector<float> rotated;
+    rotated.resize(d);
+    rope_into(src, a.cos + b * d, a.sin + b * d, d, rotated.data());
+    kv::store(rotated.data(), d, key);
+  }
 }
-inline void write_v(const AttentionArgs& a, int64_t b, int64_t g) {
+template <class KV>
+inline void write_v(const AttentionArgs<KV>& a, int64_t b, int64_t g) {
   const int64_t d = a.d;
-  const float* src = a.qkv + b * a.row + (a.H + a.Hkv + g) * d;
-  std::copy(src, src + d, a.v_cache + ((a.slots[b] * a.Hkv + g) * a.L + a.positions[b]) * d);
+  kv::store(a.qkv + b * a.row + (a.H + a.Hkv + g) * d, d, a.v_cache + ((a.slots[b] * a.Hkv + g) * a.L + a.positions[b]) * d);
 }
 
 // Task t = (row b, kv head g) = (t / Hkv, t % Hkv): both.
-inline void write_kv(const AttentionArgs& a, int64_t t) {
+template <class KV>
+inline void write_kv(const AttentionArgs<KV>& a, int64_t t) {
   write_k(a, t / a.Hkv, t % a.Hkv);
   write_v(a, t / a.Hkv, t % a.Hkv);
 }
@@ -158,8 +174,8 @@ inline int64_t argmax_index(uint64_t key) { return int64_t(0xffffffffu - uint32_
 // and add every weighted value into memory).
 // scores[r * n_keys + j] = q_r . key_j * scale for the first n_keys - n_keys % 16 keys, 16 at a time:
 // 16 dot products kept as vectors, reduced 4 at a time (gemm::hsum4). -> the keys done.
-template <int D16>
-inline void scores_by_16(const float* q, int64_t R, const float* keys, int64_t n16, float scale, float* scores,
+template <int D16, class KV>
+inline void scores_by_16(const float* q, int64_t R, const KV* keys, int64_t n16, float scale, float* scores,
                          int64_t n_keys) {
   constexpr int64_t d = 16 * D16;
   const __m128 s = _mm_set1_ps(scale);
@@ -170,9 +186,9 @@ inline void scores_by_16(const float* q, int64_t R, const float* keys, int64_t n
       __m512 acc[16];
 #pragma GCC unroll 16
       for (int jj = 0; jj < 16; ++jj) {
-        const float* key = keys + (j0 + jj) * d;
-        acc[jj] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(key));
-        for (int c = 1; c < D16; ++c) acc[jj] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(key + 16 * c), acc[jj]);
+        const KV* key = keys + (j0 + jj) * d;
+        acc[jj] = _mm512_mul_ps(qv[0], kv::load16(key));
+        for (int c = 1; c < D16; ++c) acc[jj] = _mm512_fmadd_ps(qv[c], kv::load16(key + 16 * c), acc[jj]);
       }
       for (int k = 0; k < 4; ++k)
         _mm_storeu_ps(scores + r * n_keys + j0 + 4 * k,
@@ -182,7 +198,8 @@ inline void scores_by_16(const float* q, int64_t R, const float* keys, int64_t n
 }
 
 // (d = 16 D16 a compile-time size, so a block's 16 accumulators stay in registers.)
-inline int64_t scores_by_16(const float* q, int64_t R, const float* keys, int64_t n_keys, int64_t d, float scale,
+template <class KV>
+inline int64_t scores_by_16(const float* q, int64_t R, const KV* keys, int64_t n_keys, int64_t d, float scale,
                             float* scores) {
   const int64_t n16 = n_keys / 16 * 16;
   switch (d / 16) {
@@ -206,7 +223,8 @@ inline int64_t scores_by_16(const float* q, int64_t R, const float* keys, int64_
 // dependent adds (~10 % of a decoding row's attention in cache at ~100 keys, perf). Checked bit-equal
 // to the loop's scores through decode_attention and prompt_attention (784 cases, d = 32-128, 1-299
 // keys, a build of each; the loop's order is gcc's, so another compiler may round these keys otherwise).
-inline void scores_tail(const float* q, int64_t R, const float* keys, int64_t j0, int64_t n_keys, int64_t d,
+template <class KV>
+inline void scores_tail(const float* q, int64_t R, const KV* keys, int64_t j0, int64_t n_keys, int64_t d,
                         float scale, float* scores) {
   const int n = static_cast<int>(n_keys - j0);
   const __mmask16 keys_in = static_cast<__mmask16>((1u << n) - 1);
@@ -216,9 +234,9 @@ inline void scores_tail(const float* q, int64_t R, const float* keys, int64_t j0
     for (int jj = 0; jj < 16; ++jj) {
       lanes[jj] = _mm512_setzero_ps();
       if (jj >= n) continue;
-      const float* key = keys + (j0 + jj) * d;
+      const KV* key = keys + (j0 + jj) * d;
       for (int64_t c = 0; c < chunks; ++c)
-        lanes[jj] = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * d + 16 * c), _mm512_loadu_ps(key + 16 * c), lanes[jj]);
+        lanes[jj] = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * d + 16 * c), kv::load16(key + 16 * c), lanes[jj]);
     }
     gemm::transpose16(lanes);  // lanes[l]: lane l of every key
     __m512 dot = _mm512_setzero_ps();
@@ -241,8 +259,8 @@ inline float max_of(const float* x, int64_t n) {
 
 // out[r] = sum_j p[r][j] / total[r] * value_j for the R heads (d = 16 * D16), the outputs of up to
 // 20 / D16 heads held in registers while the values pass once.
-template <int D16>
-inline void weigh_values(const AttentionScratch& scratch, int64_t R, int64_t n_keys, const float* values, float* out) {
+template <int D16, class KV>
+inline void weigh_values(const AttentionScratch& scratch, int64_t R, int64_t n_keys, const KV* values, float* out) {
   constexpr int kHeads = D16 == 4 ? 5 : 2;
   for (int64_t r0 = 0; r0 < R; r0 += kHeads) {
     const int heads = static_cast<int>(std::min<int64_t>(kHeads, R - r0));
@@ -253,7 +271,7 @@ inline void weigh_values(const AttentionScratch& scratch, int64_t R, int64_t n_k
     for (int h = 0; h < heads; ++h) p[h] = scratch.scores.data() + (r0 + h) * n_keys;
     for (int64_t j = 0; j < n_keys; ++j) {
       __m512 v[D16];
-      for (int c = 0; c < D16; ++c) v[c] = _mm512_loadu_ps(values + j * 16 * D16 + 16 * c);
+      for (int c = 0; c < D16; ++c) v[c] = kv::load16(values + j * 16 * D16 + 16 * c);
       for (int h = 0; h < heads; ++h) {
         const __m512 w = _mm512_set1_ps(p[h][j]);
         for (int c = 0; c < D16; ++c) acc[h][c] = _mm512_fmadd_ps(w, v[c], acc[h][c]);
@@ -275,11 +293,12 @@ inline void weigh_values(const AttentionScratch& scratch, int64_t R, int64_t n_k
 // SmolLM2's 1.33 MB a layer at ~10 GB/s against ~3x that rate hot. With the pages of a task's and of
 // the next task's streams asked for at its start, 0.85-0.94x the time per layer (docs/engine.md's
 // eleventh session; 24 tasks at positions 50-170, cold, one thread).
-inline void prefetch_kv_pages(const AttentionArgs& a, int64_t t, bool now) {
+template <class KV>
+inline void prefetch_kv_pages(const AttentionArgs<KV>& a, int64_t t, bool now) {
   const int64_t Hkv = a.Hkv, d = a.d, b = t / Hkv, g = t % Hkv, pos = a.positions[b];
   const int64_t first = a.window > 0 ? std::max<int64_t>(0, pos + 1 - a.window) : 0;
   const int64_t offset = ((a.slots[b] * Hkv + g) * a.L + first) * d, n = (pos + 1 - first) * d;
-  constexpr int64_t kPage = 4096 / sizeof(float);
+  constexpr int64_t kPage = 4096 / sizeof(KV);
   for (int64_t o = 0; o < n; o += kPage) {
     if (now) __builtin_prefetch(a.k_cache + offset + o, 0, 3);  // T0
     else __builtin_prefetch(a.k_cache + offset + o, 0, 2);     // T1
@@ -292,7 +311,8 @@ inline void prefetch_kv_pages(const AttentionArgs& a, int64_t t, bool now) {
 // row of this call, which is what makes a prompt chunk's rows causal), each key and value read
 // once for all R heads; or only heads [first_head, end_head) of the R (a decode step on several
 // threads splits a group's heads over tasks: 3 groups of 3 heads are 9 tasks).
-inline void attend(const AttentionArgs& a, int64_t t, AttentionScratch& scratch, int64_t first_head = 0,
+template <class KV>
+inline void attend(const AttentionArgs<KV>& a, int64_t t, AttentionScratch& scratch, int64_t first_head = 0,
                    int64_t end_head = -1) {
   const int64_t H = a.H, Hkv = a.Hkv, d = a.d, L = a.L, R = (end_head < 0 ? H / Hkv : end_head) - first_head;
   scratch.q.resize(R * d);
@@ -301,10 +321,10 @@ inline void attend(const AttentionArgs& a, int64_t t, AttentionScratch& scratch,
   const int64_t first = a.window > 0 ? std::max<int64_t>(0, pos + 1 - a.window) : 0, n_keys = pos + 1 - first;
   const float* src = a.qkv + b * a.row;
   const float *c = a.cos + b * d, *s = a.sin + b * d;
-  const float* slot_keys = a.k_cache + ((a.slots[b] * Hkv + g) * L) * d;
-  const float* slot_values = a.v_cache + ((a.slots[b] * Hkv + g) * L) * d;
-  const float* keys = slot_keys + first * d;  // the n_keys attended: positions first..pos
-  const float* values = slot_values + first * d;
+  const KV* slot_keys = a.k_cache + ((a.slots[b] * Hkv + g) * L) * d;
+  const KV* slot_values = a.v_cache + ((a.slots[b] * Hkv + g) * L) * d;
+  const KV* keys = slot_keys + first * d;  // the n_keys attended: positions first..pos
+  const KV* values = slot_values + first * d;
   // HF's grouping: query head h = g * (H / Hkv) + r uses kv head g; this task's are r = first_head + 0..R-1.
   const int64_t h0 = g * (H / Hkv) + first_head;
   for (int64_t r = 0; r < R; ++r) rope_into(src + (h0 + r) * d, c, s, d, scratch.q.data() + r * d);
@@ -318,12 +338,12 @@ inline void attend(const AttentionArgs& a, int64_t t, AttentionScratch& scratch,
   }
 #endif
   for (int64_t j = j0; j < n_keys; ++j) {
-    const float* key = keys + j * d;
+    const KV* key = keys + j * d;
     for (int64_t r = 0; r < R; ++r) {
       const float* qr = scratch.q.data() + r * d;
       float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t i = 0; i < d; ++i) dot += qr[i] * key[i];
+      for (int64_t i = 0; i < d; ++i) dot += qr[i] * kv::to_float(key[i]);
       scratch.scores[r * n_keys + j] = dot * a.scale;
     }
   }
@@ -346,12 +366,12 @@ inline void attend(const AttentionArgs& a, int64_t t, AttentionScratch& scratch,
 #endif
   std::fill(out, out + R * d, 0.f);
   for (int64_t j = 0; j < n_keys; ++j) {
-    const float* value = values + j * d;
+    const KV* value = values + j * d;
     for (int64_t r = 0; r < R; ++r) {
       const float p = scratch.scores[r * n_keys + j] * scratch.inv_total[r];
       float* out_r = out + r * d;
 #pragma omp simd
-      for (int64_t i = 0; i < d; ++i) out_r[i] += p * value[i];
+      for (int64_t i = 0; i < d; ++i) out_r[i] += p * kv::to_float(value[i]);
     }
   }
 }
@@ -365,14 +385,15 @@ inline void attend(const AttentionArgs& a, int64_t t, AttentionScratch& scratch,
 // 16 dims at a time, transposed into the rows at the end). The same products and exp as attend, in
 // another addition order (float tolerance). Where it does not apply (window cuts keys, d not a multiple
 // of 16 or > 128, fewer than kBlockMinRows rows), attend per row.
+// keys, values: the slot's [n_keys, d] of kv head g as fp32 (attend_rows: the cache's own, or widened).
 #if defined(VOXLANE_GEMM)
 constexpr int64_t kBlockMinRows = 4;
 
-inline void attend_rows16(const AttentionArgs& a, int64_t b0, int64_t n, int64_t g, AttentionScratch& scratch) {
-  const int64_t H = a.H, Hkv = a.Hkv, d = a.d, L = a.L, R = H / Hkv, h0 = g * R;
+template <class KV>
+inline void attend_rows16(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int64_t g, const float* keys,
+                          const float* values, AttentionScratch& scratch) {
+  const int64_t H = a.H, Hkv = a.Hkv, d = a.d, R = H / Hkv, h0 = g * R;
   const int64_t p0 = a.positions[b0], n_keys = p0 + n;
-  const float* keys = a.k_cache + ((a.slots[b0] * Hkv + g) * L) * d;
-  const float* values = a.v_cache + ((a.slots[b0] * Hkv + g) * L) * d;
   scratch.q.assign(R * d * 16, 0.f);  // [R][d][16 rows]
   scratch.scores.resize(n_keys * 16);  // one head's [n_keys][16 rows]
   float head[128];
@@ -447,20 +468,36 @@ inline void attend_rows16(const AttentionArgs& a, int64_t b0, int64_t n, int64_t
 #endif
 
 // Rows b0..b0+n-1 attend kv head g: together (attend_rows16) where they are one slot's consecutive
-// positions and it applies, else each on its own (attend).
-inline void attend_rows(const AttentionArgs& a, int64_t b0, int64_t n, int64_t g, AttentionScratch& scratch) {
+// positions and it applies, else each on its own (attend). attend_rows16 reads its keys and values
+// as fp32 many times (a key once per query head, a value d / 16 times per head, as broadcasts): from an
+// fp16 cache the task's keys 0..p0+n-1 and values are first widened into scratch, 16 a conversion
+// (~2 n_keys d / 16 instructions against the 2 R n_keys d FMAs of its 16 rows).
+template <class KV>
+inline void attend_rows(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int64_t g, AttentionScratch& scratch) {
 #if defined(VOXLANE_GEMM)
   bool together = n >= kBlockMinRows && n <= 16 && a.d % 16 == 0 && a.d <= 128 &&
                   (a.window <= 0 || a.positions[b0] + n <= a.window);
   for (int64_t m = 1; together && m < n; ++m)
     together = a.slots[b0 + m] == a.slots[b0] && a.positions[b0 + m] == a.positions[b0] + m;
-  if (together) return attend_rows16(a, b0, n, g, scratch);
+  if (together) {
+    const int64_t d = a.d, offset = ((a.slots[b0] * a.Hkv + g) * a.L) * d, n_keys = a.positions[b0] + n;
+    if constexpr (std::is_same_v<KV, float>) {
+      return attend_rows16(a, b0, n, g, a.k_cache + offset, a.v_cache + offset, scratch);
+    } else {
+      scratch.k.resize(n_keys * d);
+      scratch.v.resize(n_keys * d);
+      kv::widen(a.k_cache + offset, n_keys * d, scratch.k.data());
+      kv::widen(a.v_cache + offset, n_keys * d, scratch.v.data());
+      return attend_rows16(a, b0, n, g, scratch.k.data(), scratch.v.data(), scratch);
+    }
+  }
 #endif
   for (int64_t m = 0; m < n; ++m) attend(a, (b0 + m) * a.Hkv + g, scratch);
 }
 
 // Both, for one new token per sequence (each row its own slot): the per-op decode_attention.
-inline void attend_one(const AttentionArgs& a, int64_t t, AttentionScratch& scratch) {
+template <class KV>
+inline void attend_one(const AttentionArgs<KV>& a, int64_t t, AttentionScratch& scratch) {
   write_kv(a, t);
   attend(a, t, scratch);
 }

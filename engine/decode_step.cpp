@@ -16,6 +16,8 @@
 // set_int16_activations(true), in decoding batches (<= 8 rows) the same phases quantize the inputs to
 // int16 blocks and the Q4_0 / Q4_1 / Q8_0 weights multiply them through VNNI in their 16-row
 // interleaved layout (r16_matmul.h; the model's tensors packed in place, add_linear's r16 flag).
+// The KV cache is fp32 or fp16 (kv_element.h; EngineConfig.kv_cache_dtype): the step's k/v are rounded
+// where they are written and widened where attention reads them.
 // Shapes: B sequences, D hidden, H / Hkv heads, d head dim, I intermediate, V vocabulary,
 // S cache slots, L positions per slot.
 #include <ATen/ATen.h>
@@ -158,15 +160,17 @@ class NativeDecoder : public torch::CustomClassHolder {
     TORCH_CHECK(cos.dim() == 2 && cos.size(1) == head_dim && cos.scalar_type() == at::kFloat && cos.is_contiguous() &&
                     sin.sizes() == cos.sizes() && sin.scalar_type() == at::kFloat && sin.is_contiguous(),
                 "cos, sin: contiguous float32 [positions, head_dim]");
+    half_kv_ = k_cache.scalar_type() == at::kHalf;
     TORCH_CHECK(k_cache.dim() == 5 && k_cache.size(0) == layers && k_cache.size(2) == kv_heads &&
-                    k_cache.size(4) == head_dim && k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
-                    v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == at::kFloat && v_cache.is_contiguous(),
-                "k_cache, v_cache: contiguous float32 [layers, slots, kv_heads, positions, head_dim]");
+                    k_cache.size(4) == head_dim && (half_kv_ || k_cache.scalar_type() == at::kFloat) &&
+                    k_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes() &&
+                    v_cache.scalar_type() == k_cache.scalar_type() && v_cache.is_contiguous(),
+                "k_cache, v_cache: contiguous float32 or float16 [layers, slots, kv_heads, positions, head_dim], both alike");
     keep({cos, sin, k_cache, v_cache});
     cos_ = cos.data_ptr<float>();
     sin_ = sin.data_ptr<float>();
-    k_ = k_cache.data_ptr<float>();
-    v_ = v_cache.data_ptr<float>();
+    k_ = k_cache.data_ptr();
+    v_ = v_cache.data_ptr();
     S = k_cache.size(1);
     L = k_cache.size(3);
     max_position = cos.size(0);
@@ -217,6 +221,8 @@ class NativeDecoder : public torch::CustomClassHolder {
                   const at::Tensor& logit_rows);
 
   int64_t num_layers() const { return layers; }
+  // The KV cache's element: true for fp16, false for fp32.
+  bool half_kv() const { return half_kv_; }
 
   // Steps run on one thread because helper threads stalled under contention (engine/step_pool.h).
   int64_t solo_steps() const { return pool_.solo_steps(); }
@@ -290,7 +296,8 @@ class NativeDecoder : public torch::CustomClassHolder {
   double eps;
   int64_t window, layers, S = 0, L = 0, max_position = 0;
   const float *cos_ = nullptr, *sin_ = nullptr, *final_norm = nullptr;
-  float *k_ = nullptr, *v_ = nullptr;
+  void *k_ = nullptr, *v_ = nullptr;  // the caches: float, or kv::Half when half_kv_
+  bool half_kv_ = false;
   std::vector<Layer> layer_;
   Linear head, embed;
   std::vector<at::Tensor> owned_;
@@ -505,42 +512,12 @@ class StepWork : public PhasedWork {
     }
     const int64_t l = p / kPerLayer;
     const Layer& layer = m.layer_[l];
-    const int64_t stride = m.S * m.Hkv * m.L * m.d;
-    const AttentionArgs args{buf.qkv, buf.cos, buf.sin, m.k_ + l * stride, m.v_ + l * stride, slots, positions,
-                             buf.attn, m.H, m.Hkv, m.d, m.L, m.window};
     const int64_t r0 = u0 * norm_unit, r1 = std::min(T, u1 * norm_unit);  // the norms' rows
     switch (p % kPerLayer) {
       case 0: return input_norm(l, r0, r1);
-      case 1: {
-        const int64_t n0 = qkv_row(u0), n1 = qkv_row(u1);
-        layer.qkv.run(buf.h, T, buf.qkv, Nqkv, n0, n1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi), descending);
-        if (kv_in_qkv) write_own_kv(args, n0, n1);
-        return;
-      }
-      case 2:
-        for (int64_t t = u0; t < u1; ++t) write_kv(args, t);
-        return;
-      case 3:
-        for (int64_t task = u0; task < u1; ++task) {
-          if (!decoding) {  // a prompt chunk's rows 16 at a time (attend_rows), the most keys first
-            const int64_t rank = attention_rank(task), g = rank % m.Hkv;
-            const int64_t b0 = (chunks(T, kRows) - 1 - rank / m.Hkv) * kRows, n = std::min(kRows, T - b0);
-            attend_rows(args, b0, n, g, scratch[worker]);
-            if (buf.attnq.q || buf.attni.q1)
-              for (int64_t b = b0; b < b0 + n; ++b) quantize_heads(b * m.Hkv + g, 0, m.H / m.Hkv);
-            continue;
-          }
-          const int64_t t = task / head_tasks, h0 = (task % head_tasks) * (m.H / m.Hkv / head_tasks);
-          const int64_t h1 = h0 + m.H / m.Hkv / head_tasks;
-          // This task's pages of keys and values, and those of the task this thread likely takes next
-          // (the step pool's front end walks up, its back end down).
-          const int64_t next = descending ? t - 1 : t + 1;
-          prefetch_kv_pages(args, t, true);
-          if (next >= 0 && next < T * m.Hkv && next != t) prefetch_kv_pages(args, next, false);
-          attend(args, t, scratch[worker], h0, h1);
-          if (buf.attnq.q || buf.attni.q1) quantize_heads(t, h0, h1);
-        }
-        return;
+      case 1: case 2: case 3:
+        if (m.half_kv_) return cache_task(args_of<kv::Half>(l), p, u0, u1, worker, descending);
+        return cache_task(args_of<float>(l), p, u0, u1, worker, descending);
       case 4: return layer.o.run(buf.attn, T, buf.delta, D, u0 * kRows, std::min(D, u1 * kRows), q8(buf.attnq),
                                  pack(worker, p), bf16x, i16(buf.attni), descending);
       case 5: return post_norm(l, r0, r1);
@@ -565,6 +542,53 @@ class StepWork : public PhasedWork {
       }
       default: return layer.down.run(buf.act, T, buf.delta, D, u0 * kRows, std::min(D, u1 * kRows), q8(buf.actq),
                                      pack(worker, p), bf16x, i16(buf.acti), descending);
+    }
+  }
+
+  // Layer l's attention over the cache (its elements KV: the decoder's float or kv::Half).
+  template <class KV>
+  AttentionArgs<KV> args_of(int64_t l) const {
+    const int64_t stride = m.S * m.Hkv * m.L * m.d;
+    return {buf.qkv, buf.cos, buf.sin, static_cast<KV*>(m.k_) + l * stride, static_cast<KV*>(m.v_) + l * stride,
+            slots, positions, buf.attn, m.H, m.Hkv, m.d, m.L, m.window};
+  }
+
+  // Units [u0, u1) of the phases that touch the cache: (1) qkv (and, where kv_in_qkv, the k/v its
+  // rows computed written), (2) the k/v written, (3) attention.
+  template <class KV>
+  void cache_task(const AttentionArgs<KV>& args, int64_t p, int64_t u0, int64_t u1, int worker, bool descending) {
+    const Layer& layer = m.layer_[p / kPerLayer];
+    switch (p % kPerLayer) {
+      case 1: {
+        const int64_t n0 = qkv_row(u0), n1 = qkv_row(u1);
+        layer.qkv.run(buf.h, T, buf.qkv, Nqkv, n0, n1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi), descending);
+        if (kv_in_qkv) write_own_kv(args, n0, n1);
+        return;
+      }
+      case 2:
+        for (int64_t t = u0; t < u1; ++t) write_kv(args, t);
+        return;
+      default:
+        for (int64_t task = u0; task < u1; ++task) {
+          if (!decoding) {  // a prompt chunk's rows 16 at a time (attend_rows), the most keys first
+            const int64_t rank = attention_rank(task), g = rank % m.Hkv;
+            const int64_t b0 = (chunks(T, kRows) - 1 - rank / m.Hkv) * kRows, n = std::min(kRows, T - b0);
+            attend_rows(args, b0, n, g, scratch[worker]);
+            if (buf.attnq.q || buf.attni.q1)
+              for (int64_t b = b0; b < b0 + n; ++b) quantize_heads(b * m.Hkv + g, 0, m.H / m.Hkv);
+            continue;
+          }
+          const int64_t t = task / head_tasks, h0 = (task % head_tasks) * (m.H / m.Hkv / head_tasks);
+          const int64_t h1 = h0 + m.H / m.Hkv / head_tasks;
+          // This task's pages of keys and values, and those of the task this thread likely takes next
+          // (the step pool's front end walks up, its back end down).
+          const int64_t next = descending ? t - 1 : t + 1;
+          prefetch_kv_pages(args, t, true);
+          if (next >= 0 && next < T * m.Hkv && next != t) prefetch_kv_pages(args, next, false);
+          attend(args, t, scratch[worker], h0, h1);
+          if (buf.attnq.q || buf.attni.q1) quantize_heads(t, h0, h1);
+        }
+        return;
     }
   }
 
@@ -640,7 +664,8 @@ class StepWork : public PhasedWork {
   // The qkv task of rows [n0, n1) (a multiple of head_dim apart, so every head's rows are one task's)
   // writes the new keys (RoPE'd) and values of the kv heads whose rows it computed, for every row of
   // the step, so no phase of its own is needed: attention comes after the whole qkv phase anyway.
-  void write_own_kv(const AttentionArgs& args, int64_t n0, int64_t n1) const {
+  template <class KV>
+  void write_own_kv(const AttentionArgs<KV>& args, int64_t n0, int64_t n1) const {
     const int64_t d = m.d, k0 = m.H * d, v0 = (m.H + m.Hkv) * d;
     for (int64_t g = 0; g < m.Hkv; ++g) {
       const bool k = n0 <= k0 + g * d && k0 + (g + 1) * d <= n1, v = n0 <= v0 + g * d && v0 + (g + 1) * d <= n1;
@@ -812,6 +837,7 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("add_norm", &voxlane::NativeDecoder::add_norm)
       .def("step", &voxlane::NativeDecoder::step)
       .def("num_layers", &voxlane::NativeDecoder::num_layers)
+      .def("half_kv", &voxlane::NativeDecoder::half_kv)
       .def("solo_steps", &voxlane::NativeDecoder::solo_steps)
       .def("set_stall_fallback", &voxlane::NativeDecoder::set_stall_fallback)
       .def("script_steps", &voxlane::NativeDecoder::script_steps)

@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from engine import native_step
 from engine.config import EngineConfig, WeightSetting
 from engine.int8_checkpoint import has_int8_checkpoint
 from engine.kernels import load_kernels
@@ -107,7 +108,8 @@ class LLMEngine:
         self.model.int16_activations = self.config.int16_activations
         self.weight_bytes = weight_bytes(self.model)
         self.max_seq_len = self.model.max_seq_len
-        self.kv_cache = KVCache(self.model.args, self.config.num_slots, self.max_seq_len, self.config.torch_dtype,
+        kv_dtype = self.config.kv_torch_dtype(native_step.supports_model(self.model))
+        self.kv_cache = KVCache(self.model.args, self.config.num_slots, self.max_seq_len, kv_dtype,
                                 self.config.num_shared_prefixes)
         self.runner = ModelRunner(self.model, self.kv_cache, self.sampler, compile=self.config.compile)
         self.scheduler = Scheduler(self.kv_cache, self.config.max_batch_size, self.config.prefill_chunk_tokens)

@@ -175,6 +175,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 // kv head attends keys 0..position of its own slot (the last `window` of them when window > 0:
 // Mistral's sliding window). No mask tensor and no padding: each sequence
 // reads exactly its own length. Replaces RoPE, two index_put, the GQA reshapes and SDPA.
+// The caches are float32 or float16 (kv_element.h: the new k/v rounded where written).
 static at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
                             at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& positions,
                             int64_t num_heads, int64_t num_kv_heads, int64_t window, bool rows_together) {
@@ -182,10 +183,11 @@ static at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const 
   TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous() &&
                   qkv.size(1) == (H + 2 * Hkv) * d,
               "qkv: contiguous float32 [B, (H + 2*Hkv) * d]");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
-                  v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == at::kFloat &&
+  const bool half = k_cache.scalar_type() == at::kHalf;
+  TORCH_CHECK(k_cache.dim() == 4 && (half || k_cache.scalar_type() == at::kFloat) && k_cache.is_contiguous() &&
+                  v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == k_cache.scalar_type() &&
                   v_cache.is_contiguous() && k_cache.size(1) == Hkv,
-              "k_cache, v_cache: contiguous float32 [S, Hkv, L, d]");
+              "k_cache, v_cache: contiguous float32 or float16 [S, Hkv, L, d], both alike");
   TORCH_CHECK(cos.sizes() == at::IntArrayRef({B, d}) && sin.sizes() == cos.sizes() && cos.is_contiguous() &&
                   sin.is_contiguous() && cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat,
               "cos, sin: contiguous float32 [B, d]");
@@ -202,21 +204,26 @@ static at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const 
   }
   at::Tensor y = at::empty({B, H * d}, qkv.options());
   const float *qkv_p = qkv.data_ptr<float>(), *cos_p = cos.data_ptr<float>(), *sin_p = sin.data_ptr<float>();
-  float *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>(), *yp = y.data_ptr<float>();
-  const AttentionArgs args{qkv_p, cos_p, sin_p, kc, vc, slot_p, pos_p, yp, H, Hkv, d, L, window};
-  if (rows_together) {
-    // As the one-call step runs a prompt chunk: every row's k/v written, then rows 16 at a time (attend_rows).
-    for (int64_t t = 0; t < B * Hkv; ++t) write_kv(args, t);
-    AttentionScratch scratch;
-    for (int64_t b0 = 0; b0 < B; b0 += 16)
-      for (int64_t g = 0; g < Hkv; ++g) attend_rows(args, b0, std::min<int64_t>(16, B - b0), g, scratch);
-    return y;
-  }
-  // One task per (sequence, kv head): decode_ops.h's attend_one.
-  at::parallel_for(0, B * Hkv, 1, [&](int64_t t0, int64_t t1) {
-    AttentionScratch scratch;
-    for (int64_t t = t0; t < t1; ++t) attend_one(args, t, scratch);
-  });
+  float* yp = y.data_ptr<float>();
+  auto run = [&](auto* kc, auto* vc) {
+    using KV = std::remove_pointer_t<decltype(kc)>;
+    const AttentionArgs<KV> args{qkv_p, cos_p, sin_p, kc, vc, slot_p, pos_p, yp, H, Hkv, d, L, window};
+    if (rows_together) {
+      // As the one-call step runs a prompt chunk: every row's k/v written, then rows 16 at a time (attend_rows).
+      for (int64_t t = 0; t < B * Hkv; ++t) write_kv(args, t);
+      AttentionScratch scratch;
+      for (int64_t b0 = 0; b0 < B; b0 += 16)
+        for (int64_t g = 0; g < Hkv; ++g) attend_rows(args, b0, std::min<int64_t>(16, B - b0), g, scratch);
+      return;
+    }
+    // One task per (sequence, kv head): decode_ops.h's attend_one.
+    at::parallel_for(0, B * Hkv, 1, [&](int64_t t0, int64_t t1) {
+      AttentionScratch scratch;
+      for (int64_t t = t0; t < t1; ++t) attend_one(args, t, scratch);
+    });
+  };
+  if (half) run(static_cast<kv::Half*>(k_cache.data_ptr()), static_cast<kv::Half*>(v_cache.data_ptr()));
+  else run(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
   return y;
 }
 

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / "kernels.cpp", HERE / "quant_ops.cpp", HERE / "decode_step.cpp"]  # compiled together into one library
-HEADERS = [HERE / "gguf_blocks.h", HERE / "quant_matmul.h", HERE / "gemv512.h", HERE / "prefill_gemm.h", HERE / "q8_matmul.h", HERE / "r16_matmul.h", HERE / "r16_tiles.h", HERE / "r16_batch.h", HERE / "decode_ops.h", HERE / "step_pool.h"]
+HEADERS = [HERE / "gguf_blocks.h", HERE / "quant_matmul.h", HERE / "gemv512.h", HERE / "prefill_gemm.h", HERE / "q8_matmul.h", HERE / "r16_matmul.h", HERE / "r16_tiles.h", HERE / "r16_batch.h", HERE / "kv_element.h", HERE / "decode_ops.h", HERE / "step_pool.h"]
 # -fopenmp: at::parallel_for's pragmas use torch's OpenMP (and `omp simd` loops vectorize);
 # 512-bit vectors: gcc defaults to 256 on recent Intel CPUs even with AVX-512 (no effect without it).
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-mprefer-vector-width=512"]
@@ -149,10 +149,11 @@ def silu_mul_reference(gate_up: Tensor) -> Tensor:
 
 def decode_attention_reference(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
                                slots: Tensor, positions: Tensor, num_heads: int, num_kv_heads: int,
-                               window: int = 0) -> Tensor:
-    """qkv [B, (H+2Hkv)*d]; cos, sin [B, d]; caches [S, Hkv, L, d] (written at each slot/position);
-    -> attention output [B, H*d] of each sequence over its own keys 0..position (the last
-    ``window`` of them when window > 0)."""
+                               window: int = 0, write: bool = True) -> Tensor:
+    """qkv [B, (H+2Hkv)*d]; cos, sin [B, d]; caches [S, Hkv, L, d] (written at each slot/position, rounded
+    to the caches' dtype: fp32 or fp16; write=False: they already hold the new k/v, attended as they are);
+    -> attention output [B, H*d] of each sequence over its own keys 0..position (the last ``window`` of
+    them when window > 0), read back in qkv's dtype."""
     from engine.model import apply_rope
 
     B = qkv.shape[0]
@@ -163,11 +164,12 @@ def decode_attention_reference(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: T
     out = []
     for b in range(B):
         slot, pos = int(slots[b]), int(positions[b])
-        k_cache[slot, :, pos] = qk[b, H:]
-        v_cache[slot, :, pos] = heads[b, 0, H + Hkv:]
+        if write:
+            k_cache[slot, :, pos] = qk[b, H:]
+            v_cache[slot, :, pos] = heads[b, 0, H + Hkv:]
         first = max(0, pos + 1 - window) if window > 0 else 0
-        keys = k_cache[slot, :, first: pos + 1].repeat_interleave(H // Hkv, dim=0)  # [H, n, d]
-        values = v_cache[slot, :, first: pos + 1].repeat_interleave(H // Hkv, dim=0)
+        keys = k_cache[slot, :, first: pos + 1].to(qkv.dtype).repeat_interleave(H // Hkv, dim=0)  # [H, n, d]
+        values = v_cache[slot, :, first: pos + 1].to(qkv.dtype).repeat_interleave(H // Hkv, dim=0)
         out.append(F.scaled_dot_product_attention(qk[b, :H, None], keys, values)[:, 0].reshape(H * d))
     return torch.stack(out)
 

@@ -175,11 +175,13 @@ class Attention(nn.Module):
         R = H // Hkv
         k_cache, v_cache = cache.k[self.layer_index], cache.v[self.layer_index]  # [slots, Hkv, S, d]
         # Write the new k/v at (slot, :, position): advanced indices around a slice put the
-        # indexed dims first, so the destination is [B, T, Hkv, d], exactly k's layout.
-        k_cache[batch.slots[:, None], :, batch.positions] = k
-        v_cache[batch.slots[:, None], :, batch.positions] = v
-        keys = k_cache[batch.read_rows, :, : batch.kv_len]  # [B, Hkv, L, d]
-        values = v_cache[batch.read_rows, :, : batch.kv_len]
+        # indexed dims first, so the destination is [B, T, Hkv, d], exactly k's layout. A cache of
+        # another dtype than the activations (fp16: EngineConfig.kv_cache_dtype) stores them rounded to
+        # it and is read back in the activations' dtype.
+        k_cache[batch.slots[:, None], :, batch.positions] = k.to(k_cache.dtype)
+        v_cache[batch.slots[:, None], :, batch.positions] = v.to(v_cache.dtype)
+        keys = k_cache[batch.read_rows, :, : batch.kv_len].to(q.dtype)  # [B, Hkv, L, d]
+        values = v_cache[batch.read_rows, :, : batch.kv_len].to(q.dtype)
         # The R query heads sharing a kv head go along the query axis: [B, Hkv, R*T, d]
         # (HF's head order: query head h uses kv head h // R).
         q = q.unflatten(2, (Hkv, R)).permute(0, 2, 3, 1, 4).reshape(B, Hkv, R * T, d)

@@ -51,10 +51,15 @@ def embedding_segment(module: nn.Module) -> tuple[Tensor, int, int, Tensor | Non
     raise TypeError(f"no native form for {type(module).__name__}")
 
 
-def supports(model: Transformer, cache: KVCacheTensors) -> bool:
-    """Whether the model can run the one-call step: kernels loaded, fp32 activations and cache."""
-    return (model.kernels is not None and cache.k.dtype == torch.float32 and model.norm.weight.dtype == torch.float32
+def supports_model(model: Transformer) -> bool:
+    """Whether the model can run the one-call step: kernels loaded, fp32 activations."""
+    return (model.kernels is not None and model.norm.weight.dtype == torch.float32
             and hasattr(torch.classes.voxlane, "NativeDecoder"))
+
+
+def supports(model: Transformer, cache: KVCacheTensors) -> bool:
+    """Whether the model can run the one-call step over this cache (fp32 or fp16)."""
+    return supports_model(model) and cache.k.dtype in (torch.float32, torch.float16)
 
 
 def build_decoder(model: Transformer, cache: KVCacheTensors):

@@ -33,7 +33,8 @@ def test_bench_quick_json(capsys):
     assert len(result["conversation_ttft_ms"]) == 2
     assert set(result["quality"]) == {"engine native GGUF", "engine native GGUF, int8 activations",
                                       "engine native GGUF, bf16 activations",
-                                      "engine native GGUF, int16 activations", "engine int8",
+                                      "engine native GGUF, int16 activations",
+                                      "engine native GGUF, int16 activations, fp32 KV cache", "engine int8",
                                       "engine int8, pure-torch path", "quantize_dynamic int8"}
     assert result["quality"]["engine native GGUF"]["top1_agreement"] == 1.0  # the file's own weights
 

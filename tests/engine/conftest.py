@@ -23,9 +23,10 @@ def _two_threads():
 
 @pytest.fixture(scope="session")
 def fp32_engine(smollm2_dir) -> LLMEngine:
-    """Exact mode (fp32, no quantization), small cache, stepped by the test."""
-    engine = LLMEngine(smollm2_dir, EngineConfig(dtype="float32", quant="none", max_seq_len=512, num_slots=8,
-                                                 max_batch_size=8, admission_window_ms=0), background=False)
+    """Exact mode (fp32, no quantization, an fp32 KV cache), small cache, stepped by the test."""
+    engine = LLMEngine(smollm2_dir, EngineConfig(dtype="float32", quant="none", kv_cache_dtype="float32",
+                                                 max_seq_len=512, num_slots=8, max_batch_size=8,
+                                                 admission_window_ms=0), background=False)
     yield engine
     engine.close()
 

@@ -29,7 +29,8 @@ def greedy(engine, prompt, num_tokens: int = 6) -> list[int]:
 
 def test_bfloat16_keeps_the_cache_in_bf16_and_answers_like_fp32(bf16_engine, int8_engine):
     assert bf16_engine.kv_cache.tensors.k.dtype == torch.bfloat16
-    assert bf16_engine.kv_cache.nbytes * 2 == int8_engine.kv_cache.nbytes  # same slots and length, half the bytes
+    k = bf16_engine.kv_cache.tensors.k  # same slots and length as int8_engine's, half an fp32 cache's bytes
+    assert k.shape == int8_engine.kv_cache.tensors.k.shape and bf16_engine.kv_cache.nbytes == 2 * k.numel() * 2
     same_start = 0
     for prompt in GREEDY_PROMPTS:
         ours, reference = greedy(bf16_engine, prompt), greedy(int8_engine, prompt)

@@ -17,9 +17,11 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
 @pytest.fixture(scope="module")
 def engine(smollm2_dir) -> LLMEngine:
-    """Exact mode (fp32 weights), so a reused prefix and a fresh prefill can be compared closely."""
-    engine = LLMEngine(smollm2_dir, EngineConfig(quant="none", max_seq_len=256, num_slots=6, max_batch_size=4,
-                                                 num_shared_prefixes=2, admission_window_ms=0), background=False)
+    """Exact mode (fp32 weights and KV cache), so a reused prefix and a fresh prefill can be compared closely
+    (an fp16 cache rounds a few elements of the two to neighbouring halves: tests/engine/test_kv_fp16.py)."""
+    engine = LLMEngine(smollm2_dir, EngineConfig(quant="none", kv_cache_dtype="float32", max_seq_len=256, num_slots=6,
+                                                 max_batch_size=4, num_shared_prefixes=2, admission_window_ms=0),
+                       background=False)
     yield engine
     engine.close()
 
