@@ -119,22 +119,16 @@ at::Tensor quant_linear_q8(const at::Tensor& x, const at::Tensor& w, int64_t for
 }
 
 // x [M, K] (K % 32 == 0) as int16 blocks (bits 16) or 12-bit ones (bits 12; q1 and q2 returned apart, not
-// side by side as the tiles read them), made one block at a time (how 0: r16::quantize per block), by rows
-// (1: quantize_rows) or by columns of blocks (2: quantize_column, as the step's gate/up tasks): tests.
+// side by side as the tiles read them), quantized in r16::rows_over's layout (the step's and I16Input's)
+// one block at a time (how 0: r16::quantize per block), by rows (1: quantize_rows) or by columns of blocks
+// (2: quantize_column, as the step's gate/up tasks): tests.
 std::vector<at::Tensor> quantize_i16(const at::Tensor& x, int64_t how, int64_t bits) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) % r16::kBlock == 0 &&
                   how >= 0 && how <= 2 && (bits == 16 || bits == 12),
               "x: contiguous float32 [M, K % 32 == 0]; how 0, 1 or 2; bits 16 or 12");
   const int64_t M = x.size(0), K = x.size(1), nb = K / r16::kBlock;
-  at::Tensor bytes = at::empty({M, nb, 2, r16::kBlock}, x.options().dtype(at::kChar));  // bits 12: [q1 | q2] per block
-  at::Tensor q1 = at::empty({M, K}, x.options().dtype(at::kChar)), q2 = at::empty({M, K}, x.options().dtype(at::kChar));
-  at::Tensor s = at::empty({M, nb}, x.options()), sx = at::empty({M, nb}, x.options());
-  at::Tensor sumq = at::empty({M, nb}, x.options().dtype(at::kInt));
-  const r16::I16Rows rows = bits == 12 ? r16::I16Rows{bytes.data_ptr<int8_t>(), bytes.data_ptr<int8_t>() + r16::kBlock,
-                                                      s.data_ptr<float>(), sx.data_ptr<float>(), sumq.data_ptr<int32_t>(),
-                                                      K, 12}
-                                       : r16::I16Rows{q1.data_ptr<int8_t>(), q2.data_ptr<int8_t>(), s.data_ptr<float>(),
-                                                      sx.data_ptr<float>(), sumq.data_ptr<int32_t>(), K};
+  at::Tensor bytes = at::empty({2 * M * K}, x.options().dtype(at::kChar)), scales = at::empty({3, M, nb}, x.options());
+  const r16::I16Rows rows = r16::rows_over(bytes.data_ptr<int8_t>(), scales.data_ptr<float>(), M, K, static_cast<int>(bits));
   const float* xp = x.data_ptr<float>();
   if (how == 1) {
     r16::quantize_rows(xp, M, K, rows);
@@ -144,11 +138,13 @@ std::vector<at::Tensor> quantize_i16(const at::Tensor& x, int64_t how, int64_t b
     for (int64_t m = 0; m < M; ++m)
       for (int64_t c = 0; c < K; c += r16::kBlock) r16::quantize(xp + m * K + c, r16::kBlock, rows.at_row(m), c);
   }
-  if (bits == 12) {
-    q1 = bytes.select(2, 0).reshape({M, K});
-    q2 = bytes.select(2, 1).reshape({M, K});
+  const at::Tensor s = scales[0], sx = scales[1], sumq = scales[2].view(at::kInt);
+  if (bits == 12) {  // each row's blocks as [q1 | q2]: q1 and q2 apart, [M, K] each
+    const at::Tensor blocks = bytes.view({M, nb, 2, r16::kBlock});
+    return {blocks.select(2, 0).reshape({M, K}), blocks.select(2, 1).reshape({M, K}), s, sx, sumq};
   }
-  return {q1, q2, s, sx, sumq};
+  const at::Tensor halves = bytes.view({2, M, K});  // the rows' q1, then their q2
+  return {halves[0], halves[1], s, sx, sumq};
 }
 
 // Whether format's int8-activation products of 16+ rows run in AMX int8 tiles here (q8_matmul.h).
