@@ -387,7 +387,7 @@ class StepWork : public PhasedWork {
         bf16x(m.bf16_activations_), Nqkv((m.H + 2 * m.Hkv) * m.d), scratch(threads), packs(threads), decoding(T <= 8),
         kv_in_qkv(decoding || m.d % kRows == 0), norms_in_tails(decoding),
         qkv_unit(decoding ? std::lcm(kRows, m.d) : kRows), q_units(decoding || !kv_in_qkv ? 0 : m.H * m.d / kRows),
-        norm_unit(decoding ? kRows : kNormRows), head_unit(threads > 1 && T <= 8 ? kRows : kHeadRows),
+        norm_unit(decoding ? kRows : kNormRows), head_unit(threads > 1 && decoding ? kRows : kHeadRows),
         qkv_chunk(task_rows(Nqkv, qkv_unit, threads) / qkv_unit), d_chunk(task_rows(m.D, kRows, threads) / kRows),
         act_chunk(task_rows(m.I, kActRows, threads) / kActRows),
         head_chunk(decoding ? task_rows(m.head.rows, kHeadRows, threads) / head_unit : kPromptHeadUnits),

@@ -21,14 +21,13 @@
 // ring). The tiles are not released at the end of a call: each user of AMX here loads its own
 // configuration first, and releasing per call (the step calls this once per task and linear: ~280 calls
 // per SmolLM2 layer on one thread) made o_proj 1.4x slower than the VNNI kernel in a batch-8 step; and
-// the configuration is loaded only when the thread's is another (load_config).
+// the configuration is loaded only when the thread's is another (tiles::load_config).
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <cstring>
 
 #include "r16_tiles.h"
 
@@ -48,10 +47,6 @@ inline const amx::TileConfig& config(int M) {
   }();
   return configs[M - 1];
 }
-
-// Loads a configuration unless it is this thread's already (r16_tiles.h: the prompt tiles' one-product path
-// keeps its configuration after a call too).
-using tiles::load_config;
 
 // y[m, n] = x^[m] . W[n] for weight rows [n0, n1) (multiples of 16) and the M (1-8) rows of x, whose q2
 // follows its q1 (x.q2 == x.q1 + M K).
@@ -74,7 +69,7 @@ inline void matmul(const Weight& w, const I16Rows& x, int64_t rows, float* y, in
   // load reads them).
   constexpr int64_t kAhead = 6, kRing = 8;
   alignas(64) uint8_t ring[Lay::kNibbles ? kRing * 512 : 64];
-  load_config(config(static_cast<int>(M)));
+  tiles::load_config(config(static_cast<int>(M)));  // the prompt tiles keep theirs after a call too
   calls.fetch_add(1, std::memory_order_relaxed);
   alignas(64) int32_t c[3][256];
   const int8_t* q = x.q1;
