@@ -529,10 +529,13 @@ template <int K> inline const TileConfig& q8_tile_config() {
 // the stack) is not written back and read again around every store (a clobber says any memory may have
 // changed). Tile loads read memory the compiler does not see: q8_weights puts a barrier after writing
 // their sources.
-#define VOXLANE_TILE_STORE(t, buf)                                                                     \
-  __asm__ volatile("{tilestored\t%%tmm" #t ", (%1,%2,1)|tilestored\t[%1+%2*1], %%tmm" #t "}"        \
-                   : "=m"(*reinterpret_cast<int32_t(*)[256]>(buf))                                     \
-                   : "r"(buf), "r"(64L))
+// T: the tile's number (gcc pastes it into the instruction text: a literal, here a template argument).
+template <int T>
+__attribute__((always_inline)) inline void tile_store(int32_t* buf) {
+  __asm__ volatile("{tilestored\t%%tmm%c2, (%1,%3,1)|tilestored\t[%1+%3*1], %%tmm%c2}"
+                   : "=m"(*reinterpret_cast<int32_t(*)[256]>(buf))
+                   : "r"(buf), "i"(T), "r"(64L));
+}
 
 // xq's first M rows -> p.q8 / q8d / q8s (XPack), zeros past M.
 inline void pack_q8_tiles(const Q8Rows& xq, int64_t M, XPack& p) {
@@ -710,22 +713,22 @@ inline void q8_weights(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, 
       int64_t u = 0;
       if (U > 0) {
         VOXLANE_Q8_ISSUE(0, 1, 0);
-        VOXLANE_TILE_STORE(0, c0);
-        VOXLANE_TILE_STORE(1, c0 + 256);
+        tile_store<0>(c0);
+        tile_store<1>(c0 + 256);
       }
       for (; u + 2 <= U; u += 2) {  // bank 0 holds unit u (stored)
         VOXLANE_Q8_ISSUE(2, 3, u + 1);
         prefetch_ahead();
         epilogue(0, u);
-        VOXLANE_TILE_STORE(2, c0 + 512);
-        VOXLANE_TILE_STORE(3, c0 + 768);
+        tile_store<2>(c0 + 512);
+        tile_store<3>(c0 + 768);
         const bool more = u + 2 < U;
         if (more) VOXLANE_Q8_ISSUE(0, 1, u + 2);
         prefetch_ahead();
         epilogue(1, u + 1);
         if (more) {
-          VOXLANE_TILE_STORE(0, c0);
-          VOXLANE_TILE_STORE(1, c0 + 256);
+          tile_store<0>(c0);
+          tile_store<1>(c0 + 256);
         }
       }
       if (u < U) {
@@ -734,7 +737,7 @@ inline void q8_weights(const QWeight& w, const Q8Rows& xq, int64_t M, float* y, 
       }
       if (!T::HALVES && J % 2) {  // a lone last sub-block
         VOXLANE_Q8_PRODUCT(0, 4, 6, J - 1, 0, 0);
-        VOXLANE_TILE_STORE(0, c0);
+        tile_store<0>(c0);
         scale_add(c0, nullptr, J - 1);
       }
 #undef VOXLANE_Q8_ISSUE

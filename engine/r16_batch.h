@@ -159,7 +159,7 @@ inline void matmul(const Weight& w, const I16Rows& x, int64_t rows, float* y, in
 #define VOXLANE_R16B_STEP(k, C1, C3, A3, B3)                                    \
   do {                                                                          \
     const int64_t j = i + (k);                                                  \
-    if (j + 1 < total) VOXLANE_TILE_STORE(C1, c[(j + 1) % 3]);                  \
+    if (j + 1 < total) amx::tile_store<C1>(c[(j + 1) % 3]);                     \
     if (j + 3 < total) VOXLANE_R16B_PRODUCT(C3, A3, B3, j + 3);                 \
     VOXLANE_R16B_EPILOGUE(j);                                                   \
     if (j + 1 == total) goto done;                                              \
@@ -167,7 +167,7 @@ inline void matmul(const Weight& w, const I16Rows& x, int64_t rows, float* y, in
   VOXLANE_R16B_PRODUCT(0, 4, 6, 0);
   if (total > 1) VOXLANE_R16B_PRODUCT(1, 5, 7, 1);
   if (total > 2) VOXLANE_R16B_PRODUCT(2, 4, 6, 2);
-  VOXLANE_TILE_STORE(0, c[0]);
+  amx::tile_store<0>(c[0]);
   for (int64_t i = 0;; i += 4) {
     VOXLANE_R16B_STEP(0, 1, 3, 5, 7);
     VOXLANE_R16B_STEP(1, 2, 0, 4, 6);

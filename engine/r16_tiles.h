@@ -125,8 +125,8 @@ inline void load_config(const amx::TileConfig& config) {
 }
 
 // Tile instructions whose tile numbers are template arguments (gcc's intrinsics paste them into the
-// instruction text, so they take only literals): row_block12's slots. tile_store is VOXLANE_TILE_STORE's
-// (the 1 KB it writes is its output operand, no "memory" clobber: q8_matmul.h).
+// instruction text, so they take only literals): row_block12's slots. Stores are amx::tile_store's
+// (q8_matmul.h: the 1 KB written is its output operand, no "memory" clobber).
 template <int T>
 __attribute__((always_inline)) inline void tile_load(const void* base, int64_t stride) {
   __asm__ volatile("{tileloadd\t(%0,%1,1), %%tmm%c2|tileloadd\t%%tmm%c2, [%0+%1*1]}" ::"r"(base), "r"(stride), "i"(T));
@@ -138,12 +138,6 @@ __attribute__((always_inline)) inline void tile_zero() {
 template <int C, int A, int B>
 __attribute__((always_inline)) inline void tile_dpbsud() {
   __asm__ volatile("{tdpbsud\t%%tmm%c2, %%tmm%c1, %%tmm%c0|tdpbsud\t%%tmm%c0, %%tmm%c1, %%tmm%c2}" ::"i"(C), "i"(A), "i"(B));
-}
-template <int T>
-__attribute__((always_inline)) inline void tile_store(int32_t* buf) {
-  __asm__ volatile("{tilestored\t%%tmm%c2, (%1,%3,1)|tilestored\t[%1+%3*1], %%tmm%c2}"
-                   : "=m"(*reinterpret_cast<int32_t(*)[256]>(buf))
-                   : "r"(buf), "i"(T), "r"(64L));
 }
 
 // A Q4 group's lines -> B tiles (per block: rows 0-3 the low nibbles of lines 0-3, rows 4-7 the high).
@@ -289,20 +283,20 @@ __attribute__((noinline)) void row_block(const Weight& w, const uint8_t* bt, con
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2) {  // C holds block b's products (bank 0's tiles)
     VOXLANE_R16_LOAD(4, 5, 7, b + 1);
-    VOXLANE_TILE_STORE(0, c[0]);
-    VOXLANE_TILE_STORE(1, c[1]);
+    amx::tile_store<0>(c[0]);
+    amx::tile_store<1>(c[1]);
     VOXLANE_R16_PRODUCTS(4, 5, 7);
     epilogue(c[0], c[1], b);
     const bool more = b + 2 < nb;
     if (more) VOXLANE_R16_LOAD(2, 3, 6, b + 2);
-    VOXLANE_TILE_STORE(0, c[2]);
-    VOXLANE_TILE_STORE(1, c[3]);
+    amx::tile_store<0>(c[2]);
+    amx::tile_store<1>(c[3]);
     if (more) VOXLANE_R16_PRODUCTS(2, 3, 6);
     epilogue(c[2], c[3], b + 1);
   }
   if (b < nb) {  // an odd block count: the last block
-    VOXLANE_TILE_STORE(0, c[0]);
-    VOXLANE_TILE_STORE(1, c[1]);
+    amx::tile_store<0>(c[0]);
+    amx::tile_store<1>(c[1]);
     epilogue(c[0], c[1], b);
   }
 #undef VOXLANE_R16_LOAD
@@ -356,17 +350,17 @@ __attribute__((noinline)) void row_block12(const Weight& w, const uint8_t* bt, c
   int64_t b = 0;
   for (; b + 2 <= n; b += 2) {  // C holds block b0 + b's product (bank 0's tiles)
     load(bank1, b + 1);
-    tile_store<kC>(c[0]);
+    amx::tile_store<kC>(c[0]);
     product(bank1);
     epilogue(c[0], b);
     const bool more = b + 2 < n;
     if (more) load(bank0, b + 2);
-    tile_store<kC>(c[1]);
+    amx::tile_store<kC>(c[1]);
     if (more) product(bank0);
     epilogue(c[1], b + 1);
   }
   if (b < n) {  // an odd block count: the last block
-    tile_store<kC>(c[0]);
+    amx::tile_store<kC>(c[0]);
     epilogue(c[0], b);
   }
   each_row<R>([&](auto m) __attribute__((always_inline)) { _mm512_storeu_ps(y + m.value * ldy, std::get<m.value>(acc)); });
