@@ -39,7 +39,8 @@ def engine_kv_dtype(model: Transformer) -> torch.dtype:
     from engine import native_step
     from engine.config import EngineConfig
 
-    return EngineConfig().kv_torch_dtype(True) if native_step.supports_model(model) else model.norm.weight.dtype
+    config = EngineConfig(dtype=str(model.norm.weight.dtype).removeprefix("torch."))  # the model's activations
+    return config.kv_torch_dtype(native_step.supports_model(model))
 
 
 def one_slot_runner(model: Transformer, num_positions: int, kv_dtype: torch.dtype | None = None):

@@ -197,7 +197,10 @@ def test_fp16_rounding_of_the_cache_write_is_torchs(ops):
 def test_auto_gives_the_one_call_step_an_fp16_cache(smollm2_dir):
     """``kv_cache_dtype = "auto"`` (the default) makes the one-call step's cache fp16: half the bytes of
     "float32"'s, and the decoder reads it as fp16; the pure-torch path (no kernels) keeps the activations'
-    fp32."""
+    fp32. The quality report's one-slot runners (bench.quality.engine_kv_dtype) give a model the cache the
+    engine gives it under "auto"."""
+    from bench.quality import engine_kv_dtype
+
     made = {}
     for name, config in {"auto": EngineConfig(quant="native", max_seq_len=256, num_slots=2, max_batch_size=2),
                          "float32": EngineConfig(quant="native", max_seq_len=256, num_slots=2, max_batch_size=2,
@@ -206,6 +209,8 @@ def test_auto_gives_the_one_call_step_an_fp16_cache(smollm2_dir):
                                                max_batch_size=2)}.items():
         engine = LLMEngine(smollm2_dir, config, background=False)
         tensors, decoder = engine.kv_cache.tensors, engine.runner.decoder
+        if config.kv_cache_dtype == "auto":
+            assert engine_kv_dtype(engine.model) == tensors.k.dtype, name
         made[name] = (tensors.k.dtype, tensors.v.dtype, engine.kv_cache.nbytes,
                       None if decoder is None else decoder.half_kv())
         engine.close()
