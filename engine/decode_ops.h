@@ -49,6 +49,21 @@ inline float fast_exp(float x) {
   return p * two_n;
 }
 
+// o[i] = silu(g[i]) * u[i] = g[i] / (1 + e^-g[i]) * u[i] for i < n (SwiGLU's product): e^-g for up to 64
+// values first, then one division each. Why: with fast_exp inlined into the division gcc divided in each
+// of its range's branches (three vdivps per 16 values, ~16 cycles each: ~3 % of a prompt's CPU at 43
+// tokens); the same operations in two loops give the same values with one.
+inline void silu_mul_into(const float* g, const float* u, float* o, int64_t n) {
+  for (int64_t i0 = 0; i0 < n; i0 += 64) {
+    const int64_t m = std::min<int64_t>(64, n - i0);
+    alignas(64) float e[64];
+#pragma omp simd
+    for (int64_t i = 0; i < m; ++i) e[i] = fast_exp(-g[i0 + i]);
+#pragma omp simd
+    for (int64_t i = 0; i < m; ++i) o[i0 + i] = g[i0 + i] / (1.f + e[i]) * u[i0 + i];
+  }
+}
+
 // RoPE of one head (HF's rotate-half convention; the sign is folded into sin). With 512-bit vectors
 // (half a multiple of 16) the same FMAs as gcc's scalar loop (which stays scalar: out may alias x for
 // all it knows): out[i] = fma(x[i], cos[i], x[i + half] sin[i]), out[i + half] = fma(x[i + half],

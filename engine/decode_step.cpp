@@ -530,7 +530,7 @@ class StepWork : public PhasedWork {
         for (int64_t b = 0; b < T; ++b) {
           const float *g = buf.gate_up + b * ld, *u = g + I;
           float* o = buf.act + b * I;
-          for (int64_t i = a0; i < a1; ++i) o[i] = g[i] / (1.f + fast_exp(-g[i])) * u[i];
+          silu_mul_into(g + a0, u + a0, o + a0, a1 - a0);
           if (buf.actq.q) {  // this task's blocks of 32 (I is a multiple of 32 when int8 activations are on)
             const Q8Rows row = buf.actq.at_row(b);
             quantize_q8(o + a0, a1 - a0, row.q + a0, row.d + a0 / kQ8, row.s + a0 / kQ8);

@@ -159,13 +159,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   at::Tensor out = at::empty({M, I}, gate_up.options());
   const float* in = gate_up.data_ptr<float>();
   float* result = out.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) {
-    const float* __restrict g = in + m * 2 * I;
-    const float* __restrict u = g + I;
-    float* __restrict o = result + m * I;
-#pragma omp simd
-    for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.f + fast_exp(-g[i])) * u[i];
-  }
+  for (int64_t m = 0; m < M; ++m) silu_mul_into(in + m * 2 * I, in + m * 2 * I + I, result + m * I, I);
   return out;
 }
 
