@@ -390,8 +390,8 @@ inline void attend(const AttentionArgs<KV>& a, int64_t t, AttentionScratch& scra
 // out: where row b0's outputs go (its H d values, the next rows' H d apart; null: row b0 of a.out).
 // A row's results are its lane's alone: the same for any n and any lane (the keys after its position
 // masked add exact zeros to its sums), so a row attended on its own (n = 1) equals it attended in a block.
-#if defined(VOXLANE_GEMM)
 constexpr int64_t kBlockMinRows = 4;
+#if defined(VOXLANE_GEMM)
 
 template <class KV>
 inline void attend_rows16(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int64_t g, const float* keys,
@@ -490,14 +490,18 @@ inline bool rows_together(const AttentionArgs<KV>& a, int64_t b0, int64_t n) {
 
 // attend_rows16 of rows b0..b0+n-1 (rows_together), its outputs at `out` (null: a.out's rows). It reads
 // its keys and values as fp32 many times (a key once per query head, a value d / 16 times per head, as
-// broadcasts): from an fp16 cache the task's keys 0..p0+n-1 and values are first widened into scratch, 16
-// a conversion (~2 n_keys d / 16 instructions against the 2 R n_keys d FMAs of its 16 rows).
+// broadcasts): from an fp16 cache the slot's keys 0..p0+n-1 and values of kv head g as fp32 `keys32`,
+// `values32` (the one-call step's, widened once per layer and kv head: StepWork::widen_runs), or if null
+// widened here into scratch, 16 a conversion (~2 n_keys d / 16 instructions against the 2 R n_keys d FMAs
+// of its 16 rows; a prompt's tasks widen O(T^2) keys so).
 template <class KV>
 inline void attend_together(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int64_t g, AttentionScratch& scratch,
-                            float* out = nullptr) {
+                            float* out = nullptr, const float* keys32 = nullptr, const float* values32 = nullptr) {
 #if defined(VOXLANE_GEMM)
   const int64_t d = a.d, offset = ((a.slots[b0] * a.Hkv + g) * a.L) * d, n_keys = a.positions[b0] + n;
-  if constexpr (std::is_same_v<KV, float>) {
+  if (keys32) {
+    attend_rows16(a, b0, n, g, keys32, values32, scratch, out);
+  } else if constexpr (std::is_same_v<KV, float>) {
     attend_rows16(a, b0, n, g, a.k_cache + offset, a.v_cache + offset, scratch, out);
   } else {
     scratch.k.resize(n_keys * d);
@@ -507,15 +511,16 @@ inline void attend_together(const AttentionArgs<KV>& a, int64_t b0, int64_t n, i
     attend_rows16(a, b0, n, g, scratch.k.data(), scratch.v.data(), scratch, out);
   }
 #else
-  (void)a, (void)b0, (void)n, (void)g, (void)scratch, (void)out;
+  (void)a, (void)b0, (void)n, (void)g, (void)scratch, (void)out, (void)keys32, (void)values32;
 #endif
 }
 
-// Rows b0..b0+n-1 attend kv head g: together (attend_together) where they are one slot's consecutive
-// positions and it applies, else each on its own (attend).
+// Rows b0..b0+n-1 attend kv head g: together (attend_together; keys32, values32: its fp32 keys and values,
+// or null) where they are one slot's consecutive positions and it applies, else each on its own (attend).
 template <class KV>
-inline void attend_rows(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int64_t g, AttentionScratch& scratch) {
-  if (rows_together(a, b0, n)) return attend_together(a, b0, n, g, scratch);
+inline void attend_rows(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int64_t g, AttentionScratch& scratch,
+                        const float* keys32 = nullptr, const float* values32 = nullptr) {
+  if (rows_together(a, b0, n)) return attend_together(a, b0, n, g, scratch, nullptr, keys32, values32);
   for (int64_t m = 0; m < n; ++m) attend(a, (b0 + m) * a.Hkv + g, scratch);
 }
 
@@ -524,8 +529,8 @@ inline void attend_rows(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int64
 // its own). Why: the last layer of a prompt chunk attends only the rows whose logits are wanted.
 template <class KV>
 inline void attend_row_of(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int64_t b, int64_t g, float* out,
-                          AttentionScratch& scratch) {
-  if (rows_together(a, b0, n)) return attend_together(a, b, 1, g, scratch, out);
+                          AttentionScratch& scratch, const float* keys32 = nullptr, const float* values32 = nullptr) {
+  if (rows_together(a, b0, n)) return attend_together(a, b, 1, g, scratch, out, keys32, values32);
   attend(a, b * a.Hkv + g, scratch, 0, -1, out);
 }
 

@@ -28,6 +28,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -273,6 +274,12 @@ class NativeDecoder : public torch::CustomClassHolder {
   // for every row (off: as before; tests compare the two).
   void set_last_rows_only(bool on) { last_rows_only_ = on; }
   bool last_rows_only() const { return last_rows_only_; }
+  // A prompt's fp16 keys and values widened once per layer and kv head for its attention tasks (on:
+  // StepWork::runs), or by each task for itself (off: as before; tests compare the two); and the keys
+  // (as many values) widened so for prompt attention since the decoder was made.
+  void set_widen_once(bool on) { widen_once_ = on; }
+  bool widen_once() const { return widen_once_; }
+  int64_t widened_keys() const { return widened_keys_.load(); }
 
   // Profiling: CPU time summed over threads per phase kind (input norm, qkv, k/v write, attention,
   // o_proj, post norm, gate/up + SiLU, down, final norm, LM head), in ms, since the last reset.
@@ -313,6 +320,8 @@ class NativeDecoder : public torch::CustomClassHolder {
   bool bf16_activations_ = false;
   bool int16_activations_ = false;
   bool last_rows_only_ = true;
+  bool widen_once_ = true;
+  std::atomic<int64_t> widened_keys_{0};
   int64_t r16_bytes_ = 0;
   std::array<std::atomic<int64_t>, 10> profile_ns_{};
   int64_t step_ns_ = 0;  // profiling: ns in step() calls
@@ -400,7 +409,11 @@ class StepWork : public PhasedWork {
         act_chunk(task_rows(m.I, kActRows, threads) / kActRows),
         head_chunk(decoding ? task_rows(m.head.rows, kHeadRows, threads) / head_unit : kPromptHeadUnits),
         head_tasks(threads > 1 && T * m.Hkv < 4 * threads ? m.H / m.Hkv : 1),
-        last_rows(last_layer_rows(m, T, n_logits)) {}
+        last_rows(last_layer_rows(m, T, n_logits)) {
+#if defined(VOXLANE_GEMM)
+    if (!decoding && m.half_kv_ && kv_in_qkv && m.d <= 128 && m.widen_once_) find_runs();
+#endif
+  }
 
   // The rows of the last layer's phases after its qkv (attention, o_proj, post norm, gate/up, down) and
   // of the final norm: T (every row, as the layers before), or, in a prompt chunk (T > 8) whose logits
@@ -623,7 +636,9 @@ class StepWork : public PhasedWork {
           if (!decoding) {  // a prompt chunk's rows 16 at a time (attend_rows), the most keys first
             const int64_t rank = attention_rank(task), g = rank % m.Hkv;
             const int64_t b0 = (chunks(T, kRows) - 1 - rank / m.Hkv) * kRows, n = std::min(kRows, T - b0);
-            attend_rows(args, b0, n, g, scratch[worker]);
+            const auto [keys, values] = keys_of(b0, g);
+            count_widened(rows_together(args, b0, n), positions[b0] + n, keys);
+            attend_rows(args, b0, n, g, scratch[worker], keys, values);
             if (buf.attnq.q || buf.attni.q1)
               for (int64_t b = b0; b < b0 + n; ++b) quantize_heads(b * m.Hkv + g, 0, m.H / m.Hkv);
             continue;
@@ -701,7 +716,9 @@ class StepWork : public PhasedWork {
     const bool quantized = buf.attnq.q || buf.attni.q1;
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t i = u / Hkv, g = u % Hkv, r = logit_rows[i], b0 = r / kRows * kRows;
-      attend_row_of(args, b0, std::min(kRows, T - b0), r, g, buf.attn + i * Hd, scratch[worker]);
+      const auto [keys, values] = keys_of(r, g);
+      count_widened(rows_together(args, b0, std::min(kRows, T - b0)), positions[r] + 1, keys);
+      attend_row_of(args, b0, std::min(kRows, T - b0), r, g, buf.attn + i * Hd, scratch[worker], keys, values);
       if (quantized) quantize_heads(i * Hkv + g, 0, R);
       for (int64_t j = n_logits; i == 0 && j < last_rows; ++j) {
         std::memcpy(buf.attn + j * Hd + g * heads, buf.attn + g * heads, heads * sizeof(float));
@@ -746,7 +763,61 @@ class StepWork : public PhasedWork {
         if (k) write_k(args, b, g);
         if (v) write_v(args, b, g);
       }
+      if (k || v) widen_runs(args, g, k, v);
     }
+  }
+
+  // Prompt chunks over an fp16 cache: the runs of rows that attend_rows16 may take together (one slot's
+  // consecutive positions, kBlockMinRows rows or more), and per run and kv head its slot's keys and values
+  // 0..the run's last position as fp32 in kv32 (widened from the cache once per layer by the qkv task that
+  // wrote the kv head's rows, widen_runs; attention's tasks read them: keys_of). Why: each attention task
+  // (16 rows, kv head) widened its keys 0..p0+n-1 and values itself, O(T^2) over a prompt (~14 % of
+  // attention's CPU at 512 tokens, docs/engine.md's twelfth session). The same values either way.
+  struct Run {
+    int64_t first, keys;  // its first row; keys: its slot's positions 0..keys-1
+    int64_t at;           // kv head g's keys at kv32 + at + g keys d, its values kv32_values further
+  };
+  std::vector<Run> runs;
+  std::vector<int64_t> run_of;  // per row: its run's index, or -1
+  std::unique_ptr<float[]> kv32;
+  int64_t kv32_values = 0;
+
+  void find_runs() {
+    run_of.assign(T, -1);
+    int64_t at = 0;
+    for (int64_t b0 = 0, b1; b0 < T; b0 = b1) {
+      for (b1 = b0 + 1; b1 < T && slots[b1] == slots[b0] && positions[b1] == positions[b1 - 1] + 1; ++b1) {}
+      if (b1 - b0 < kBlockMinRows) continue;
+      runs.push_back({b0, positions[b1 - 1] + 1, at});
+      std::fill(run_of.begin() + b0, run_of.begin() + b1, static_cast<int64_t>(runs.size() - 1));
+      at += m.Hkv * runs.back().keys * m.d;
+    }
+    kv32_values = at;
+    if (at) kv32.reset(new float[2 * at]);
+  }
+  // Kv head g's keys (k) and values (v) of the runs' slots, widened into kv32 (after the head's rows are written).
+  template <class KV>
+  void widen_runs(const AttentionArgs<KV>& a, int64_t g, bool k, bool v) const {
+    if constexpr (std::is_same_v<KV, kv::Half>) {
+      for (const Run& run : runs) {
+        const int64_t d = m.d, offset = ((slots[run.first] * m.Hkv + g) * m.L) * d;
+        float* keys = kv32.get() + run.at + g * run.keys * d;
+        if (k) kv::widen(a.k_cache + offset, run.keys * d, keys);
+        if (v) kv::widen(a.v_cache + offset, run.keys * d, keys + kv32_values);
+        if (k) m.widened_keys_.fetch_add(run.keys, std::memory_order_relaxed);
+      }
+    }
+  }
+  // The n_keys keys a task attending rows together widens itself (keys_of had none), counted.
+  void count_widened(bool together, int64_t n_keys, const float* keys) const {
+    if (together && !keys && m.half_kv_) m.widened_keys_.fetch_add(n_keys, std::memory_order_relaxed);
+  }
+  // Row b's slot's fp32 keys and values of kv head g (positions 0..), or nulls (not in a run).
+  std::pair<const float*, const float*> keys_of(int64_t b, int64_t g) const {
+    if (run_of.empty() || run_of[b] < 0) return {nullptr, nullptr};
+    const Run& run = runs[run_of[b]];
+    const float* keys = kv32.get() + run.at + g * run.keys * m.d;
+    return {keys, keys + kv32_values};
   }
 
   NativeDecoder& m;
@@ -926,6 +997,9 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("bf16_activations", &voxlane::NativeDecoder::bf16_activations)
       .def("set_last_rows_only", &voxlane::NativeDecoder::set_last_rows_only)
       .def("last_rows_only", &voxlane::NativeDecoder::last_rows_only)
+      .def("set_widen_once", &voxlane::NativeDecoder::set_widen_once)
+      .def("widen_once", &voxlane::NativeDecoder::widen_once)
+      .def("widened_keys", &voxlane::NativeDecoder::widened_keys)
       .def("set_int16_activations", &voxlane::NativeDecoder::set_int16_activations)
       .def("int16_activations", &voxlane::NativeDecoder::int16_activations)
       .def("r16_bytes", &voxlane::NativeDecoder::r16_bytes)

@@ -25,21 +25,23 @@ def prompt_ids(n: int, seed: int) -> torch.Tensor:
     return (torch.arange(n) * 37 + seed * 101) % 4000 + 50
 
 
-def run_both(model, kind: str, kv_dtype: torch.dtype, steps, slots: int = 4) -> list:
-    """steps (lists of step() arguments) on a decoder with the last layer for the logits rows only and on one
-    with it for every row, each over its own cache -> [(each step's logits, the cache's k, v)] for both."""
+def run_both(model, kind: str, kv_dtype: torch.dtype, steps, switch: str = "last_rows_only", slots: int = 4,
+             positions: int = 128) -> list:
+    """steps (lists of step() arguments) on a decoder with a switch on (default: the last layer for the logits
+    rows only) and on one with it off (every row), each over its own cache -> [(each step's logits, the
+    cache's k, v)] for both."""
     from engine.kv_cache import KVCache
     from engine.native_step import build_decoder
 
     set_activations(model, kind)
     out = []
     try:
-        for only in (True, False):
-            cache = KVCache(model.args, slots, 128, kv_dtype)
+        for on in (True, False):
+            cache = KVCache(model.args, slots, positions, kv_dtype)
             cache.tensors.k.zero_(), cache.tensors.v.zero_()  # positions not written compare equal
             decoder = build_decoder(model, cache.tensors)
-            decoder.set_last_rows_only(only)
-            assert decoder.last_rows_only() == only
+            getattr(decoder, f"set_{switch}")(on)
+            assert getattr(decoder, switch)() == on
             logits = [decoder.step(*args) for args in steps]
             out.append((logits, cache.tensors.k.clone(), cache.tensors.v.clone()))
     finally:
