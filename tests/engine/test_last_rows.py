@@ -67,6 +67,7 @@ CASES = {
     "more rows than the minimum": [prompt(43, 1, 0, list(range(40, 20, -1)))],  # 20 rows gathered
     "no rows": [prompt(43, 1, 0, [])],  # the cache written, no logits
     "a chunked prompt": [prompt(35, 2, 0, [], seed=1), prompt(21, 2, 35, [20], seed=2)],  # rows 32-34: per row
+    "short chunks": [prompt(5, 1, 0, []), prompt(6, 1, 5, [5]), prompt(3, 1, 11, [])],  # decoding-sized: no rows, all
     "prompts of two slots": [prompt(20, 0, 0, [], 3), prompt(30, 3, 0, [29], 4),
                              (torch.cat([prompt_ids(12, 5), prompt_ids(19, 6)]),
                               torch.cat([torch.arange(20, 32), torch.arange(30, 49)]),
