@@ -326,9 +326,10 @@ inline void prefetch_kv_pages(const AttentionArgs<KV>& a, int64_t t, bool now) {
 // row of this call, which is what makes a prompt chunk's rows causal), each key and value read
 // once for all R heads; or only heads [first_head, end_head) of the R (a decode step on several
 // threads splits a group's heads over tasks: 3 groups of 3 heads are 9 tasks).
+// out_row: where row b's outputs go (its H d values; null: row b of a.out).
 template <class KV>
 inline void attend(const AttentionArgs<KV>& a, int64_t t, AttentionScratch& scratch, int64_t first_head = 0,
-                   int64_t end_head = -1) {
+                   int64_t end_head = -1, float* out_row = nullptr) {
   const int64_t H = a.H, Hkv = a.Hkv, d = a.d, L = a.L, R = (end_head < 0 ? H / Hkv : end_head) - first_head;
   scratch.q.resize(R * d);
   scratch.inv_total.resize(R);
@@ -374,7 +375,7 @@ inline void attend(const AttentionArgs<KV>& a, int64_t t, AttentionScratch& scra
     for (int64_t j = 0; j < n_keys; ++j) total += (row_scores[j] = fast_exp(row_scores[j] - top));
     scratch.inv_total[r] = 1.f / total;
   }
-  float* out = a.out + b * H * d + h0 * d;  // [R, d]: the group's heads are adjacent in y
+  float* out = (out_row ? out_row : a.out + b * H * d) + h0 * d;  // [R, d]: the group's heads are adjacent in y
 #if defined(VOXLANE_GEMM)
   if (d == 64 || d == 128) return d == 64 ? weigh_values<4>(scratch, R, n_keys, values, out)
                                           : weigh_values<8>(scratch, R, n_keys, values, out);
@@ -401,12 +402,16 @@ inline void attend(const AttentionArgs<KV>& a, int64_t t, AttentionScratch& scra
 // another addition order (float tolerance). Where it does not apply (window cuts keys, d not a multiple
 // of 16 or > 128, fewer than kBlockMinRows rows), attend per row.
 // keys, values: the slot's [n_keys, d] of kv head g as fp32 (attend_rows: the cache's own, or widened).
-#if defined(VOXLANE_GEMM)
+// out: where row b0's outputs go (its H d values, the next rows' H d apart; null: row b0 of a.out).
+// A row's results are its lane's alone: the same for any n and any lane (the keys after its position
+// masked add exact zeros to its sums), so a row attended on its own (n = 1) equals it attended in a block.
 constexpr int64_t kBlockMinRows = 4;
+#if defined(VOXLANE_GEMM)
 
 template <class KV>
 inline void attend_rows16(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int64_t g, const float* keys,
-                          const float* values, AttentionScratch& scratch) {
+                          const float* values, AttentionScratch& scratch, float* out = nullptr) {
+  if (!out) out = a.out + b0 * a.H * a.d;
   const int64_t H = a.H, Hkv = a.Hkv, d = a.d, R = H / Hkv, h0 = g * R;
   const int64_t p0 = a.positions[b0], n_keys = p0 + n;
   scratch.q.assign(R * d * 16, 0.f);  // [R][d][16 rows]
@@ -474,7 +479,7 @@ inline void attend_rows16(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int
       }
       for (int ii = 0; ii < 16; ++ii) _mm512_store_ps(block[ii], _mm512_mul_ps(acc[ii], inv_v));
       for (int64_t m = 0; m < n; ++m) {
-        float* o = a.out + (b0 + m) * H * d + (h0 + r) * d + i0;
+        float* o = out + m * H * d + (h0 + r) * d + i0;
         for (int ii = 0; ii < 16; ++ii) o[ii] = block[ii][m];
       }
     }
@@ -482,32 +487,66 @@ inline void attend_rows16(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int
 }
 #endif
 
-// Rows b0..b0+n-1 attend kv head g: together (attend_rows16) where they are one slot's consecutive
-// positions and it applies, else each on its own (attend). attend_rows16 reads its keys and values
-// as fp32 many times (a key once per query head, a value d / 16 times per head, as broadcasts): from an
-// fp16 cache the task's keys 0..p0+n-1 and values are first widened into scratch, 16 a conversion
-// (~2 n_keys d / 16 instructions against the 2 R n_keys d FMAs of its 16 rows).
+// Whether attend_rows takes rows b0..b0+n-1 together (attend_rows16): they are one slot's consecutive
+// positions, enough of them, and it applies (d, window).
 template <class KV>
-inline void attend_rows(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int64_t g, AttentionScratch& scratch) {
+inline bool rows_together(const AttentionArgs<KV>& a, int64_t b0, int64_t n) {
 #if defined(VOXLANE_GEMM)
   bool together = n >= kBlockMinRows && n <= 16 && a.d % 16 == 0 && a.d <= 128 &&
                   (a.window <= 0 || a.positions[b0] + n <= a.window);
   for (int64_t m = 1; together && m < n; ++m)
     together = a.slots[b0 + m] == a.slots[b0] && a.positions[b0 + m] == a.positions[b0] + m;
-  if (together) {
-    const int64_t d = a.d, offset = ((a.slots[b0] * a.Hkv + g) * a.L) * d, n_keys = a.positions[b0] + n;
-    if constexpr (std::is_same_v<KV, float>) {
-      return attend_rows16(a, b0, n, g, a.k_cache + offset, a.v_cache + offset, scratch);
-    } else {
-      scratch.k.resize(n_keys * d);
-      scratch.v.resize(n_keys * d);
-      kv::widen(a.k_cache + offset, n_keys * d, scratch.k.data());
-      kv::widen(a.v_cache + offset, n_keys * d, scratch.v.data());
-      return attend_rows16(a, b0, n, g, scratch.k.data(), scratch.v.data(), scratch);
-    }
-  }
+  return together;
+#else
+  (void)a, (void)b0, (void)n;
+  return false;
 #endif
+}
+
+// attend_rows16 of rows b0..b0+n-1 (rows_together), its outputs at `out` (null: a.out's rows). It reads
+// its keys and values as fp32 many times (a key once per query head, a value d / 16 times per head, as
+// broadcasts): from an fp16 cache the slot's keys 0..p0+n-1 and values of kv head g as fp32 `keys32`,
+// `values32` (the one-call step's, widened once per layer and kv head: StepWork::widen_runs), or if null
+// widened here into scratch, 16 a conversion (~2 n_keys d / 16 instructions against the 2 R n_keys d FMAs
+// of its 16 rows; a prompt's tasks widen O(T^2) keys so).
+template <class KV>
+inline void attend_together(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int64_t g, AttentionScratch& scratch,
+                            float* out = nullptr, const float* keys32 = nullptr, const float* values32 = nullptr) {
+#if defined(VOXLANE_GEMM)
+  const int64_t d = a.d, offset = ((a.slots[b0] * a.Hkv + g) * a.L) * d, n_keys = a.positions[b0] + n;
+  if (keys32) {
+    attend_rows16(a, b0, n, g, keys32, values32, scratch, out);
+  } else if constexpr (std::is_same_v<KV, float>) {
+    attend_rows16(a, b0, n, g, a.k_cache + offset, a.v_cache + offset, scratch, out);
+  } else {
+    scratch.k.resize(n_keys * d);
+    scratch.v.resize(n_keys * d);
+    kv::widen(a.k_cache + offset, n_keys * d, scratch.k.data());
+    kv::widen(a.v_cache + offset, n_keys * d, scratch.v.data());
+    attend_rows16(a, b0, n, g, scratch.k.data(), scratch.v.data(), scratch, out);
+  }
+#else
+  (void)a, (void)b0, (void)n, (void)g, (void)scratch, (void)out, (void)keys32, (void)values32;
+#endif
+}
+
+// Rows b0..b0+n-1 attend kv head g: together (attend_together; keys32, values32: its fp32 keys and values,
+// or null) where they are one slot's consecutive positions and it applies, else each on its own (attend).
+template <class KV>
+inline void attend_rows(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int64_t g, AttentionScratch& scratch,
+                        const float* keys32 = nullptr, const float* values32 = nullptr) {
+  if (rows_together(a, b0, n)) return attend_together(a, b0, n, g, scratch, nullptr, keys32, values32);
   for (int64_t m = 0; m < n; ++m) attend(a, (b0 + m) * a.Hkv + g, scratch);
+}
+
+// Row b of the rows b0..b0+n-1 that attend_rows takes as one task, alone, its outputs (kv head g's heads)
+// at `out` (its H d values): bit-equal to its outputs there (attend_rows16's rows are its lanes', attend's
+// its own). Why: the last layer of a prompt chunk attends only the rows whose logits are wanted.
+template <class KV>
+inline void attend_row_of(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int64_t b, int64_t g, float* out,
+                          AttentionScratch& scratch, const float* keys32 = nullptr, const float* values32 = nullptr) {
+  if (rows_together(a, b0, n)) return attend_together(a, b, 1, g, scratch, out, keys32, values32);
+  attend(a, b * a.Hkv + g, scratch, 0, -1, out);
 }
 
 // Both, for one new token per sequence (each row its own slot): the per-op decode_attention.

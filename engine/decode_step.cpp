@@ -28,6 +28,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -143,8 +144,9 @@ inline int64_t gate_up_stride(int64_t I) { return 2 * I + 16; }
 
 // The step's buffers (each [B, width] row-major), and the Q8 (int8 activations) or int16 blocks (int16
 // activations) of the matrices' inputs (h, attn, act, h_logits; q / q1 null when not used).
+// last: the residuals of the last layer's gathered rows (StepWork::last_rows; null: not gathered).
 struct StepBuffers {
-  float *residual, *h, *delta, *qkv, *attn, *gate_up, *act, *h_logits, *logits, *cos, *sin;
+  float *residual, *h, *delta, *qkv, *attn, *gate_up, *act, *h_logits, *logits, *cos, *sin, *last;
   Q8Rows hq, attnq, actq, logitq;
   r16::I16Rows hi, attni, acti, logiti;
 };
@@ -268,6 +270,17 @@ class NativeDecoder : public torch::CustomClassHolder {
   void set_bf16_activations(bool on) { bf16_activations_ = on; }
   bool bf16_activations() const { return bf16_activations_; }
 
+  // The last layer after its qkv for the rows whose logits are wanted only (on: StepWork::last_rows), or
+  // for every row (off: as before; tests compare the two).
+  void set_last_rows_only(bool on) { last_rows_only_ = on; }
+  bool last_rows_only() const { return last_rows_only_; }
+  // A prompt's fp16 keys and values widened once per layer and kv head for its attention tasks (on:
+  // StepWork::runs), or by each task for itself (off: as before; tests compare the two); and the keys
+  // (as many values) widened so for prompt attention since the decoder was made.
+  void set_widen_once(bool on) { widen_once_ = on; }
+  bool widen_once() const { return widen_once_; }
+  int64_t widened_keys() const { return widened_keys_.load(); }
+
   // Profiling: CPU time summed over threads per phase kind (input norm, qkv, k/v write, attention,
   // o_proj, post norm, gate/up + SiLU, down, final norm, LM head), in ms, since the last reset.
   void set_profiling(bool on) {
@@ -306,6 +319,9 @@ class NativeDecoder : public torch::CustomClassHolder {
   bool int8_activations_ = false;
   bool bf16_activations_ = false;
   bool int16_activations_ = false;
+  bool last_rows_only_ = true;
+  bool widen_once_ = true;
+  std::atomic<int64_t> widened_keys_{0};
   int64_t r16_bytes_ = 0;
   std::array<std::atomic<int64_t>, 10> profile_ns_{};
   int64_t step_ns_ = 0;  // profiling: ns in step() calls
@@ -372,7 +388,8 @@ class NativeDecoder : public torch::CustomClassHolder {
 // them instead: the phase is empty; see kv_in_qkv), (3) attention of every row over its slot's keys
 // 0..position (after (2): a chunk's rows see each other causally), (4) o_proj,
 // (5) add + post norm, (6) gate and up rows of the same intermediate indices, then silu(gate) * up,
-// (7) down; then the final norm and the LM head, for the rows whose logits are wanted only.
+// (7) down; then the final norm and the LM head, for the rows whose logits are wanted only; in a prompt
+// chunk the last layer's (3)-(7) too (last_rows: its qkv runs for every row, whose k/v the cache keeps).
 // Matrix phases hand out weight rows in units (16 rows, qkv in decoding batches head_dim and in prompt
 // chunks 16 rows of q, then head_dim of k and of v, gate/up 32, the head 128 or, in decoding batches on
 // several threads, 16), up to task_rows' rows per task (the
@@ -391,23 +408,57 @@ class StepWork : public PhasedWork {
         qkv_chunk(task_rows(Nqkv, qkv_unit, threads) / qkv_unit), d_chunk(task_rows(m.D, kRows, threads) / kRows),
         act_chunk(task_rows(m.I, kActRows, threads) / kActRows),
         head_chunk(decoding ? task_rows(m.head.rows, kHeadRows, threads) / head_unit : kPromptHeadUnits),
-        head_tasks(threads > 1 && T * m.Hkv < 4 * threads ? m.H / m.Hkv : 1) {}
+        head_tasks(threads > 1 && T * m.Hkv < 4 * threads ? m.H / m.Hkv : 1),
+        last_rows(last_layer_rows(m, T, n_logits)) {
+#if defined(VOXLANE_GEMM)
+    if (!decoding && m.half_kv_ && kv_in_qkv && m.d <= 128 && m.widen_once_) find_runs();
+#endif
+  }
+
+  // The rows of the last layer's phases after its qkv (attention, o_proj, post norm, gate/up, down) and
+  // of the final norm: T (every row, as the layers before), or, in a prompt chunk (T > 8) whose logits
+  // are wanted for n < T rows (only: NativeDecoder::set_last_rows_only), the n rows gathered (row i:
+  // logit row i; llama.cpp's inp_out_ids), and as many copies of the first as make kLastMinRows: the
+  // kernels then run on as many rows as their prompt paths need (a row's results do not depend on the
+  // others', but some kernels' paths do on the count of rows), so the logits are bit-equal to those of
+  // every row. No logits (a chunk of a prompt before its last): 0 rows, nothing after the last qkv.
+  // Decoding batches keep T (their kernels are per count of rows; all their rows are usually wanted), and
+  // so do bf16 activations (a row's products there depend on its block of 16: prefill_gemm.h's
+  // bf16x_panel sums two blocks' tiles otherwise than a lone last block's).
+  // Why: a 43-token prompt's last layer is ~1/30 of its work after the qkv phases.
+  static int64_t last_layer_rows(const NativeDecoder& m, int64_t T, int64_t n) {
+    if (!m.last_rows_only_ || m.bf16_activations_ || n >= T) return T;
+    if (n == 0) return 0;
+    return T > 8 ? std::min(T, std::max(n, kLastMinRows)) : T;
+  }
 
   int64_t phases() const override { return m.layers * kPerLayer + 2; }
 
   int64_t size(int64_t p) const override {
     if (p >= m.layers * kPerLayer)
-      return p == m.layers * kPerLayer ? (norms_in_tails ? 0 : 1) : (n_logits ? chunks(m.head.rows, head_unit) : 0);
+      return p == m.layers * kPerLayer ? (norms_in_tails || !last_rows ? 0 : 1)
+                                       : (n_logits ? chunks(m.head.rows, head_unit) : 0);
+    const int64_t rows = rows_of(p);
+    if (!rows) return 0;
     switch (p % kPerLayer) {
       case 0: return norms_in_tails && p > 0 ? 0 : chunks(T, norm_unit);  // layer 0's input norm stays a phase
-      case 5: return norms_in_tails ? 0 : chunks(T, norm_unit);
+      case 5: return norms_in_tails ? 0 : chunks(rows, norm_unit);
       case 1: return q_units ? q_units + 2 * m.Hkv : chunks(Nqkv, qkv_unit);
       case 2: return kv_in_qkv ? 0 : T * m.Hkv;
-      case 3: return decoding ? T * m.Hkv * head_tasks : chunks(T, kRows) * m.Hkv;  // prompt chunks: 16 rows a unit
+      case 3:
+        if (gathered(p)) return n_logits * m.Hkv;  // a logits row and kv head a unit
+        return decoding ? T * m.Hkv * head_tasks : chunks(T, kRows) * m.Hkv;  // prompt chunks: 16 rows a unit
       case 6: return chunks(m.I, kActRows);
       default: return chunks(m.D, kRows);  // o_proj, down
     }
   }
+
+  // The rows of phase p: T, or in the last layer after its qkv last_rows.
+  int64_t rows_of(int64_t p) const {
+    return p / kPerLayer == m.layers - 1 && p % kPerLayer >= 3 ? last_rows : T;
+  }
+  // Whether phase p (or a layer's phase of kind >= 3) works on the gathered rows.
+  bool gathered(int64_t p) const { return last_rows < T && p / kPerLayer == m.layers - 1 && p % kPerLayer >= 3; }
 
   int64_t max_chunk(int64_t p) const override {
     if (p >= m.layers * kPerLayer) return p == m.layers * kPerLayer ? 1 : head_chunk;
@@ -434,7 +485,7 @@ class StepWork : public PhasedWork {
 
   void tail(int64_t p, int) override {
     const int64_t l = p / kPerLayer;
-    if (p % kPerLayer == 4) return timed(5, [&] { post_norm(l, 0, T); });
+    if (p % kPerLayer == 4) return timed(5, [&] { post_norm(p + 1, 0, rows_of(p)); });
     if (l + 1 < m.layers) return timed(0, [&] { input_norm(l + 1, 0, T); });
     timed(8, [&] { final_norm(); });
   }
@@ -474,9 +525,18 @@ class StepWork : public PhasedWork {
                    buf.h + r0 * D, r1 - r0);
     quantize_h(r0, r1);
   }
-  void post_norm(int64_t l, int64_t r0, int64_t r1) const {
+  // Rows [r0, r1) of phase p's (a post norm's) h = post_norm(residual + delta: o_proj's), and their blocks.
+  // Gathered rows (the last layer's): row i's residual that of logit row i (after n_logits: of the first),
+  // gathered into buf.last.
+  void post_norm(int64_t p, int64_t r0, int64_t r1) const {
     const int64_t D = m.D;
-    m.add_and_norm(buf.residual + r0 * D, buf.delta + r0 * D, m.layer_[l].post_norm, buf.h + r0 * D, r1 - r0);
+    float* residual = buf.residual;
+    if (gathered(p)) {
+      residual = buf.last;
+      for (int64_t i = r0; i < r1; ++i)
+        std::memcpy(residual + i * D, buf.residual + logit_rows[i < n_logits ? i : 0] * D, D * sizeof(float));
+    }
+    m.add_and_norm(residual + r0 * D, buf.delta + r0 * D, m.layer_[p / kPerLayer].post_norm, buf.h + r0 * D, r1 - r0);
     quantize_h(r0, r1);
   }
   void quantize_h(int64_t r0, int64_t r1) const { quantize_input(buf.h, r0, r1, buf.hq, buf.hi); }
@@ -491,8 +551,9 @@ class StepWork : public PhasedWork {
   void final_norm() const {
     const int64_t D = m.D;
     for (int64_t i = 0; i < n_logits; ++i) {
-      const int64_t r = logit_rows[i];
-      m.add_and_norm(buf.residual + r * D, buf.delta + r * D, m.final_norm, buf.h_logits + i * D, 1);
+      const int64_t r = last_rows < T ? i : logit_rows[i];  // gathered: row i
+      m.add_and_norm((last_rows < T ? buf.last : buf.residual) + r * D, buf.delta + r * D, m.final_norm,
+                     buf.h_logits + i * D, 1);
     }
     quantize_input(buf.h_logits, 0, n_logits, buf.logitq, buf.logiti);
   }
@@ -512,22 +573,23 @@ class StepWork : public PhasedWork {
     }
     const int64_t l = p / kPerLayer;
     const Layer& layer = m.layer_[l];
-    const int64_t r0 = u0 * norm_unit, r1 = std::min(T, u1 * norm_unit);  // the norms' rows
+    const int64_t M = rows_of(p);
+    const int64_t r0 = u0 * norm_unit, r1 = std::min(M, u1 * norm_unit);  // the norms' rows
     switch (p % kPerLayer) {
       case 0: return input_norm(l, r0, r1);
       case 1: case 2: case 3:
         if (m.half_kv_) return cache_task(args_of<kv::Half>(l), p, u0, u1, worker, descending);
         return cache_task(args_of<float>(l), p, u0, u1, worker, descending);
-      case 4: return layer.o.run(buf.attn, T, buf.delta, D, u0 * kRows, std::min(D, u1 * kRows), q8(buf.attnq),
+      case 4: return layer.o.run(buf.attn, M, buf.delta, D, u0 * kRows, std::min(D, u1 * kRows), q8(buf.attnq),
                                  pack(worker, p), bf16x, i16(buf.attni), descending);
-      case 5: return post_norm(l, r0, r1);
+      case 5: return post_norm(p, r0, r1);
       case 6: {  // gate rows i and up rows I + i by the same task: silu(gate) * up needs no other phase
         const int64_t a0 = u0 * kActRows, a1 = std::min(I, u1 * kActRows);
         const int64_t ld = gate_up_stride(I);
-        layer.gate_up.run(buf.h, T, buf.gate_up, ld, a0, a1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi), descending);
-        layer.gate_up.run(buf.h, T, buf.gate_up, ld, I + a0, I + a1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi),
+        layer.gate_up.run(buf.h, M, buf.gate_up, ld, a0, a1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi), descending);
+        layer.gate_up.run(buf.h, M, buf.gate_up, ld, I + a0, I + a1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi),
                           descending);
-        for (int64_t b = 0; b < T; ++b) {
+        for (int64_t b = 0; b < M; ++b) {
           const float *g = buf.gate_up + b * ld, *u = g + I;
           float* o = buf.act + b * I;
           silu_mul_into(g + a0, u + a0, o + a0, a1 - a0);
@@ -537,10 +599,10 @@ class StepWork : public PhasedWork {
           }
         }
         if (buf.acti.q1)  // this task's blocks of 32 of every row, 16 rows at a time
-          for (int64_t c = a0; c < a1; c += r16::kBlock) r16::quantize_column(buf.act + c, T, I, buf.acti, c);
+          for (int64_t c = a0; c < a1; c += r16::kBlock) r16::quantize_column(buf.act + c, M, I, buf.acti, c);
         return;
       }
-      default: return layer.down.run(buf.act, T, buf.delta, D, u0 * kRows, std::min(D, u1 * kRows), q8(buf.actq),
+      default: return layer.down.run(buf.act, M, buf.delta, D, u0 * kRows, std::min(D, u1 * kRows), q8(buf.actq),
                                      pack(worker, p), bf16x, i16(buf.acti), descending);
     }
   }
@@ -569,11 +631,14 @@ class StepWork : public PhasedWork {
         for (int64_t t = u0; t < u1; ++t) write_kv(args, t);
         return;
       default:
+        if (gathered(p)) return attend_gathered(args, u0, u1, worker);
         for (int64_t task = u0; task < u1; ++task) {
           if (!decoding) {  // a prompt chunk's rows 16 at a time (attend_rows), the most keys first
             const int64_t rank = attention_rank(task), g = rank % m.Hkv;
             const int64_t b0 = (chunks(T, kRows) - 1 - rank / m.Hkv) * kRows, n = std::min(kRows, T - b0);
-            attend_rows(args, b0, n, g, scratch[worker]);
+            const auto [keys, values] = keys_of(b0, g);
+            count_widened(rows_together(args, b0, n), positions[b0] + n, keys);
+            attend_rows(args, b0, n, g, scratch[worker], keys, values);
             if (buf.attnq.q || buf.attni.q1)
               for (int64_t b = b0; b < b0 + n; ++b) quantize_heads(b * m.Hkv + g, 0, m.H / m.Hkv);
             continue;
@@ -603,6 +668,11 @@ class StepWork : public PhasedWork {
   // two of them while the other waited), and the LM head's units per task (of kHeadRows; its rows are a
   // prompt's last rows only, often one).
   static constexpr int64_t kPromptTaskRows = 64, kNormRows = 4, kPromptHeadUnits = 4;
+  // The fewest gathered rows of the last layer (last_layer_rows): as many as the products of prompt rows
+  // take their prompt paths with (prefill GEMM, bf16 and int8 tiles; the R16 tiles').
+  static constexpr int64_t kLastMinRows = 16;
+  static_assert(kLastMinRows >= kGemmMinRows && kLastMinRows >= kBf16MinRows && kLastMinRows >= kQ8TileMinRows &&
+                kLastMinRows >= r16::kTileMinRows);
   static int64_t chunks(int64_t rows, int64_t size) { return (rows + size - 1) / size; }
 
   // The most rows per task of a matrix of `rows` rows: `unit` (a multiple of it), or with several threads
@@ -637,6 +707,26 @@ class StepWork : public PhasedWork {
     if (!q_units) return std::min(Nqkv, u * qkv_unit);
     return u <= q_units ? u * kRows : m.H * m.d + (u - q_units) * m.d;
   }
+  // Units [u0, u1) of the last layer's attention over gathered rows: unit u = (row i, kv head g) = (u / Hkv,
+  // u % Hkv) attends logit row i's queries of g as attend_rows does in its task of 16 rows (attend_row_of),
+  // into row i of attn; (0, g) also copies its heads into the rows after n_logits (last_rows).
+  template <class KV>
+  void attend_gathered(const AttentionArgs<KV>& args, int64_t u0, int64_t u1, int worker) {
+    const int64_t Hkv = m.Hkv, R = m.H / Hkv, Hd = m.H * m.d, heads = R * m.d;
+    const bool quantized = buf.attnq.q || buf.attni.q1;
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t i = u / Hkv, g = u % Hkv, r = logit_rows[i], b0 = r / kRows * kRows;
+      const auto [keys, values] = keys_of(r, g);
+      count_widened(rows_together(args, b0, std::min(kRows, T - b0)), positions[r] + 1, keys);
+      attend_row_of(args, b0, std::min(kRows, T - b0), r, g, buf.attn + i * Hd, scratch[worker], keys, values);
+      if (quantized) quantize_heads(i * Hkv + g, 0, R);
+      for (int64_t j = n_logits; i == 0 && j < last_rows; ++j) {
+        std::memcpy(buf.attn + j * Hd + g * heads, buf.attn + g * heads, heads * sizeof(float));
+        if (quantized) quantize_heads(j * Hkv + g, 0, R);
+      }
+    }
+  }
+
   static const Q8Rows* q8(const Q8Rows& rows) { return rows.q ? &rows : nullptr; }
   static const r16::I16Rows* i16(const r16::I16Rows& rows) { return rows.q1 ? &rows : nullptr; }
 
@@ -673,7 +763,61 @@ class StepWork : public PhasedWork {
         if (k) write_k(args, b, g);
         if (v) write_v(args, b, g);
       }
+      if (k || v) widen_runs(args, g, k, v);
     }
+  }
+
+  // Prompt chunks over an fp16 cache: the runs of rows that attend_rows16 may take together (one slot's
+  // consecutive positions, kBlockMinRows rows or more), and per run and kv head its slot's keys and values
+  // 0..the run's last position as fp32 in kv32 (widened from the cache once per layer by the qkv task that
+  // wrote the kv head's rows, widen_runs; attention's tasks read them: keys_of). Why: each attention task
+  // (16 rows, kv head) widened its keys 0..p0+n-1 and values itself, O(T^2) over a prompt (~14 % of
+  // attention's CPU at 512 tokens, docs/engine.md's twelfth session). The same values either way.
+  struct Run {
+    int64_t first, keys;  // its first row; keys: its slot's positions 0..keys-1
+    int64_t at;           // kv head g's keys at kv32 + at + g keys d, its values kv32_values further
+  };
+  std::vector<Run> runs;
+  std::vector<int64_t> run_of;  // per row: its run's index, or -1
+  std::unique_ptr<float[]> kv32;
+  int64_t kv32_values = 0;
+
+  void find_runs() {
+    run_of.assign(T, -1);
+    int64_t at = 0;
+    for (int64_t b0 = 0, b1; b0 < T; b0 = b1) {
+      for (b1 = b0 + 1; b1 < T && slots[b1] == slots[b0] && positions[b1] == positions[b1 - 1] + 1; ++b1) {}
+      if (b1 - b0 < kBlockMinRows) continue;
+      runs.push_back({b0, positions[b1 - 1] + 1, at});
+      std::fill(run_of.begin() + b0, run_of.begin() + b1, static_cast<int64_t>(runs.size() - 1));
+      at += m.Hkv * runs.back().keys * m.d;
+    }
+    kv32_values = at;
+    if (at) kv32.reset(new float[2 * at]);
+  }
+  // Kv head g's keys (k) and values (v) of the runs' slots, widened into kv32 (after the head's rows are written).
+  template <class KV>
+  void widen_runs(const AttentionArgs<KV>& a, int64_t g, bool k, bool v) const {
+    if constexpr (std::is_same_v<KV, kv::Half>) {
+      for (const Run& run : runs) {
+        const int64_t d = m.d, offset = ((slots[run.first] * m.Hkv + g) * m.L) * d;
+        float* keys = kv32.get() + run.at + g * run.keys * d;
+        if (k) kv::widen(a.k_cache + offset, run.keys * d, keys);
+        if (v) kv::widen(a.v_cache + offset, run.keys * d, keys + kv32_values);
+        if (k) m.widened_keys_.fetch_add(run.keys, std::memory_order_relaxed);
+      }
+    }
+  }
+  // The n_keys keys a task attending rows together widens itself (keys_of had none), counted.
+  void count_widened(bool together, int64_t n_keys, const float* keys) const {
+    if (together && !keys && m.half_kv_) m.widened_keys_.fetch_add(n_keys, std::memory_order_relaxed);
+  }
+  // Row b's slot's fp32 keys and values of kv head g (positions 0..), or nulls (not in a run).
+  std::pair<const float*, const float*> keys_of(int64_t b, int64_t g) const {
+    if (run_of.empty() || run_of[b] < 0) return {nullptr, nullptr};
+    const Run& run = runs[run_of[b]];
+    const float* keys = kv32.get() + run.at + g * run.keys * m.d;
+    return {keys, keys + kv32_values};
   }
 
   NativeDecoder& m;
@@ -704,6 +848,7 @@ class StepWork : public PhasedWork {
   // Attention tasks per (row, kv head): its R query heads split in this many (R, or 1 when there are
   // enough (row, kv head) pairs for the threads): a batch-1 step of SmolLM2 has 3 kv heads for 2 threads.
   const int64_t head_tasks;
+  const int64_t last_rows;  // last_layer_rows
 };
 
 // The quantized activation blocks of the step's four matrix inputs (h, attn, act, h_logits) in one int8
@@ -762,10 +907,12 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
     embed_row(tok[r], residual.data_ptr<float>() + r * D);
   }
   const int threads = std::max(1, at::get_num_threads());
+  const int64_t last_rows = StepWork::last_layer_rows(*this, T, n);
+  at::Tensor last = at::empty({last_rows < T ? last_rows : 0, D}, f32);
   StepBuffers buffers{residual.data_ptr<float>(), h.data_ptr<float>(), delta.data_ptr<float>(),
                       qkv.data_ptr<float>(), attn.data_ptr<float>(), gate_up.data_ptr<float>(),
-                      act.data_ptr<float>(), h_logits.data_ptr<float>(), logits.data_ptr<float>(), cos_b, sin_b, {},
-                      {}, {}, {}, {}, {}, {}, {}};
+                      act.data_ptr<float>(), h_logits.data_ptr<float>(), logits.data_ptr<float>(), cos_b, sin_b,
+                      last.data_ptr<float>(), {}, {}, {}, {}, {}, {}, {}, {}};
   // Int8 activations: the four inputs' Q8 blocks (q bytes, then d and s per block); int16: their int16
   // blocks (q1 and q2 bytes, then s, sx and sumq per block) in decoding batches (T <= 8), and for the
   // LM head wherever it has <= 8 rows (a prompt chunk's last token: else its R16 rows would be unpacked
@@ -848,6 +995,11 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("int8_activations", &voxlane::NativeDecoder::int8_activations)
       .def("set_bf16_activations", &voxlane::NativeDecoder::set_bf16_activations)
       .def("bf16_activations", &voxlane::NativeDecoder::bf16_activations)
+      .def("set_last_rows_only", &voxlane::NativeDecoder::set_last_rows_only)
+      .def("last_rows_only", &voxlane::NativeDecoder::last_rows_only)
+      .def("set_widen_once", &voxlane::NativeDecoder::set_widen_once)
+      .def("widen_once", &voxlane::NativeDecoder::widen_once)
+      .def("widened_keys", &voxlane::NativeDecoder::widened_keys)
       .def("set_int16_activations", &voxlane::NativeDecoder::set_int16_activations)
       .def("int16_activations", &voxlane::NativeDecoder::int16_activations)
       .def("r16_bytes", &voxlane::NativeDecoder::r16_bytes)
