@@ -466,7 +466,7 @@ class StepWork : public PhasedWork {
       case 1: return qkv_chunk;
       case 4: case 7: return d_chunk;
       case 6: return act_chunk;
-      case 0: case 5: return decoding ? 1 : kPromptTaskRows / kNormRows;
+      case 0: case 5: return decoding ? 1 : kPromptNormTaskRows / kNormRows;
       default: return 1;
     }
   }
@@ -667,7 +667,7 @@ class StepWork : public PhasedWork {
   // per unit (a 43-token prompt's norm was 3 tasks of 16, 16 and 11 rows: on two threads one thread ran
   // two of them while the other waited), and the LM head's units per task (of kHeadRows; its rows are a
   // prompt's last rows only, often one).
-  static constexpr int64_t kPromptTaskRows = 64, kNormRows = 4, kPromptHeadUnits = 4;
+  static constexpr int64_t kPromptTaskRows = 128, kPromptNormTaskRows = 64, kNormRows = 4, kPromptHeadUnits = 4;
   // The fewest gathered rows of the last layer (last_layer_rows): as many as the products of prompt rows
   // take their prompt paths with (prefill GEMM, bf16 and int8 tiles; the R16 tiles').
   static constexpr int64_t kLastMinRows = 16;
@@ -684,7 +684,11 @@ class StepWork : public PhasedWork {
   // kPromptTaskRows rows (the step pool's chunks: a quarter of what is left on two threads, single units
   // where the threads meet). Why: in AMX tiles a 16-row unit of a 43-token prompt takes ~3 us (qkv,
   // o_proj), and on two threads each task's ticket and done count cost ~0.15-0.2 us (profiled: ~1.1 ms of
-  // each thread's 24 in ~5,000 tasks).
+  // each thread's 24 in ~5,000 tasks). 128 rows, not 64 (the thirteenth session): each task's first weight
+  // group comes unprefetched (a task prefetches the group after its last, and the back end's thread walks
+  // down), ~1 us a task; the step pool's two-thread run of SmolLM2's down by 43 12-bit rows (a harness, 2
+  // layers a step, min of 3,000 alternating): 167-169 us a step with tasks of up to 128 rows against
+  // 185-186 with 64, 164-166 with each thread's half as one task.
   int64_t task_rows(int64_t rows, int64_t unit, int threads) const {
     if (T > 8) return std::max(unit, kPromptTaskRows / unit * unit);
     if (threads < 2) return unit;

@@ -87,6 +87,7 @@ class LLMEngine:
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps
         self._tokens_generated = 0
         self._steps = 0
+        self._step_expected = False  # the last step told the runner that another follows (expect_step)
         self._sentence_end_ids: frozenset[int] | None = None
         self._step_thread: StepThread | None = None
         if not background:
@@ -234,20 +235,30 @@ class LLMEngine:
 
         A plan may hold prompt chunks and a decode batch; the runner runs both (one native call
         when it can) before any of their tokens go out."""
+        expected, self._step_expected = self._step_expected, False  # (False if this step raises)
+        if not expected:
+            # The first step after idling (a request arrived): the native step's helper threads sleep, and
+            # woken by the step itself they joined its first phases ~20-40 us late, on every prompt's TTFT.
+            # Woken now, they wake while the Python below takes the inbox, schedules and builds the inputs.
+            self.runner.expect_step(True)
         did_work = self._take_inbox()
         plan = self.scheduler.schedule()
         for seq in plan.cancelled:
             self._close(seq)
         if plan.is_empty:
-            self.runner.expect_step(False)
+            self._expect_step(False)
             return did_work or bool(plan.cancelled)
         num_tokens = self._postprocess(plan, self.runner.run(plan))
         self._steps += 1
         self._record(num_tokens)
         # A step follows at once while there is work: the native step's helper threads (asleep after a
         # short spin, shorter than this Python between two steps) are woken now rather than by the step.
-        self.runner.expect_step(self.has_work)
+        self._expect_step(self.has_work)
         return True
+
+    def _expect_step(self, follows: bool) -> None:
+        self.runner.expect_step(follows)
+        self._step_expected = follows
 
     def _postprocess(self, plan: StepPlan, ran: RunResult) -> int:
         """What the plan's forwards produced goes out: each sampled token as text on its stream (or the end

@@ -32,7 +32,7 @@ def test_a_decode_step_has_five_phases_per_layer(ops, smollm2_native, int16):
     down (16 rows) and gate/up (32), then the LM head's (128 rows): no task for the other norms, which
     ride in o_proj's and down's tails (7 hand-offs per layer before). A prompt chunk (12 rows) keeps its
     norm phases and the final norm, its qkv tasks write the k/v (a task per row and kv head before), and
-    its tasks are up to 64 weight rows (16 norm rows, 512 of the LM head) where every unit was a task."""
+    its tasks are up to 128 weight rows (16 norm rows, 512 of the LM head) where every unit was a task."""
     from engine.kv_cache import KVCache
     from engine.native_step import build_decoder
 
@@ -58,12 +58,12 @@ def test_a_decode_step_has_five_phases_per_layer(ops, smollm2_native, int16):
     assert decode_tasks == 1 + a.num_layers * per_layer + head
     # the prompt chunk, per phase (units, most units per task): its norms 4 rows a unit, up to 16 a task;
     # qkv: q's rows 16 at a time and k's and v's a head each (the qkv tasks write the k/v of their heads:
-    # no task per (row, kv head) writes them), up to 4 units (64 rows of q) a task; attention per (16
-    # rows, kv head) (attend_rows); o_proj and down 16 rows a unit, gate/up 32, up to 64 rows a task;
+    # no task per (row, kv head) writes them), up to 8 units (128 rows of q) a task; attention per (16
+    # rows, kv head) (attend_rows); o_proj and down 16 rows a unit, gate/up 32, up to 128 rows a task;
     # the LM head's 128 rows a unit, 4 a task
     norm = (-(-12 // 4), 16)
-    layer = [norm, (a.num_heads * d // 16 + 2 * kv, 4), (-(-12 // 16) * kv, 1), (D // 16, 4), norm, (I // 32, 2),
-             (D // 16, 4)]
+    layer = [norm, (a.num_heads * d // 16 + 2 * kv, 8), (-(-12 // 16) * kv, 1), (D // 16, 8), norm, (I // 32, 4),
+             (D // 16, 8)]
     phases = layer * a.num_layers + [(1, 1), (head, 4)]
     assert prompt_tasks == sum(pool_tasks(units, most) for units, most in phases)
 

@@ -160,11 +160,50 @@ def test_the_engine_says_after_each_step_whether_another_follows(fp32_engine, mo
     """After every step the engine tells the runner whether another follows at once, so that the one-call
     step's helper threads are awake for it (``NativeDecoder.expect_step``; they sleep after a spin shorter
     than the engine's Python between two steps): yes after each step of a request but its last, then no
-    (they may sleep: no spinning while the engine is idle)."""
+    (they may sleep: no spinning while the engine is idle). The first step after idling says yes at its
+    start too: the helpers wake while its Python runs (a prompt's TTFT counts from its submit)."""
     calls = []
     expect_step = fp32_engine.runner.expect_step
     monkeypatch.setattr(fp32_engine.runner, "expect_step", lambda follows: (calls.append(follows), expect_step(follows)))
     stream = fp32_engine.submit(GREEDY_PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=4), ignore_eos=True)
     fp32_engine.run_until_idle()
     assert len(stream.output_ids) == 4
-    assert calls == [True, True, True, False]  # the prompt's step (first token), 3 decode steps
+    # woken at the prompt's step's start, then after it (first token) and 3 decode steps
+    assert calls == [True, True, True, True, False]
+
+
+def test_a_prompt_after_idling_finds_the_helper_awake(fp32_engine, monkeypatch):
+    """A request reaching an idle engine: the native step's helper thread slept (no step was expected), and
+    the prompt's step woke it, so the helper joined late (its first phases on one thread), on every TTFT.
+    The step's start wakes it (``expect_step``) while the engine's Python runs: no prompt step begins with
+    the helper asleep (the step pool's profile counts the steps a helper slept through the start of)."""
+    import time
+
+    import torch
+
+    import engine.runner as runner_module
+
+    decoder = fp32_engine.runner.decoder
+    assert decoder is not None
+    # On a busy machine a woken thread may wait a while for a CPU: the engine's Python before the native
+    # call made 20 ms longer, and the helper kept awake (spinning) for 500 ms instead of 2.
+    monkeypatch.setattr(runner_module, "EXPECT_STEP_US", 500_000)
+    run = fp32_engine.runner.run
+    monkeypatch.setattr(fp32_engine.runner, "run", lambda plan: (time.sleep(0.02), run(plan))[1])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        decoder.set_stall_fallback(False)  # really two threads, even on a busy machine
+        _run_alone(fp32_engine, GREEDY_PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=1))  # the helper exists
+        asleep = 0
+        for prompt in GREEDY_PROMPTS:
+            time.sleep(0.005)  # idle: 100x the helper's spin after a step, so it sleeps
+            decoder.set_profiling(True)
+            stream = _run_alone(fp32_engine, prompt, SamplingParams(temperature=0.0, max_tokens=1))
+            asleep += decoder.handoff_profile()[4 + 7 + 6]  # worker 1's steps begun asleep
+            decoder.set_profiling(False)
+            assert len(stream.output_ids) == 1
+        assert asleep == 0
+    finally:
+        decoder.set_stall_fallback(True)
+        torch.set_num_threads(threads)
