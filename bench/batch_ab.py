@@ -84,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     runner.decoder, runner.run, engine.step = SimpleNamespace(step=timed(decoder.step)), run, step
     greedy_calls = runner.greedy_calls  # greedy decode steps: the native call through ctypes (GreedyCalls)
     if greedy_calls is not None:  # a step launched ahead (runner._decode_greedy): its complete() is the native time
-        greedy_calls.step, greedy_calls.complete = timed(greedy_calls.step), timed(greedy_calls.complete)
+        for name in ("step", "complete"):
+            if hasattr(greedy_calls, name):  # (a tree before launches: step only, for A/Bs with this file)
+                setattr(greedy_calls, name, timed(getattr(greedy_calls, name)))
 
     cpu = [0.0]  # the last run's CPU seconds, every thread of the process (the engine's and the pool's)
     solo = [0]  # the last run's steps on one thread (the step pool's stall fallback)
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.ab_batch_tiles and args.ab_ahead:
         raise SystemExit("one A/B at a time")
     arms = ("tiles", "vnni") if args.ab_batch_tiles else ("ahead", "one by one") if args.ab_ahead else ("as built",)
-    goes_on = runner.goes_on
+    goes_on = getattr(runner, "goes_on", None)
     if args.ab_batch_tiles and not ops.set_r16_batch_tiles(True):
         raise SystemExit("the batch tiles do not run here (no AMX int8)")
     load_start = os.getloadavg()[0]
