@@ -246,8 +246,6 @@ class NativeDecoder : public torch::CustomClassHolder {
   void script_steps(std::vector<int64_t> verdicts, int64_t solo_ns, int64_t ns) {
     pool_.script_steps(std::move(verdicts), solo_ns, ns);
   }
-  // Tests: after script_steps, the next several-thread steps' times, in order (StepPool::script_times).
-  void script_times(std::vector<int64_t> ns) { pool_.script_times(std::move(ns)); }
   // The first maximum of each logits row of the last step (numpy's / torch's argmax, a NaN first), found
   // by the LM head's tasks while their logits are in cache: a greedy sampler reads no logits.
   std::vector<int64_t> argmax() const { return argmax_; }
@@ -925,7 +923,6 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("solo_steps", &voxlane::NativeDecoder::solo_steps)
       .def("set_stall_fallback", &voxlane::NativeDecoder::set_stall_fallback)
       .def("script_steps", &voxlane::NativeDecoder::script_steps)
-      .def("script_times", &voxlane::NativeDecoder::script_times)
       .def("expect_step", &voxlane::NativeDecoder::expect_step)
       .def("argmax", &voxlane::NativeDecoder::argmax)
       .def("address", &voxlane::NativeDecoder::address)

@@ -105,12 +105,10 @@ class StallFallback {
   }
   // A step that ran on several threads: whether it stalled, its shape, ns and weight.
   void several_threads_step(bool stalled, uint64_t shape, int64_t ns, int64_t weight = 1) {
-    const bool retried = retry_;
     if (retry_) {  // the first after a span: lost against one thread?
       retry_ = false;
       if (have_solo_ && shape == solo_shape_ && ns > solo_ns_) stalled = true;
     }
-    if (!stalled) stalled = slowed(shape, ns, retried);
     if (!stalled) {
       clean_ = std::min<int64_t>(clean_ + weight, kCleanSteps);
       if (clean_ == kCleanSteps) span_ = kMinSolo;
@@ -125,49 +123,11 @@ class StallFallback {
   void reset() {
     solo_left_ = clean_ = 0;
     span_ = kMinSolo;
-    fastest_ = {};
     retry_ = have_solo_ = false;
   }
   int64_t solo_steps() const { return solo_steps_; }
 
-  // Slowed without a stall: kSlowSteps several-thread steps in a row over kSlowRatio x the fastest one of
-  // their shape count as a stall (the retry after the span then says whether one thread is faster). Why:
-  // a neighbour's job on one of the two cores made our two-thread batch-8 steps ~20 ms (one thread: 13-14)
-  // with no wait over kStallNs on the calling thread (it is the one paused, or the pauses are short), so no
-  // span began: such runs made 330-350 tok/s, runs the fallback sent alone 460-525 (docs/engine.md,
-  // thirteenth session). A clean retry (or a new shape) sets the baseline again: a step that grew (attention
-  // over more keys) or a host that stays slower is compared with what two threads do now. A single slow
-  // step (a burst) does not count. The shapes' fastest times are kept for kShapes shapes, the oldest replaced.
-  static constexpr int kSlowSteps = 2, kShapes = 4;
-  static constexpr int64_t kSlowNum = 3, kSlowDen = 2;  // kSlowRatio = 1.5
-  bool slowed(uint64_t shape, int64_t ns, bool retried) {
-    Fastest* f = nullptr;
-    for (Fastest& e : fastest_)
-      if (e.ns > 0 && e.shape == shape) f = &e;
-    if (f == nullptr) {  // a new shape: the oldest entry's place
-      f = &fastest_[next_shape_];
-      next_shape_ = (next_shape_ + 1) % kShapes;
-      *f = {shape, ns, 0};
-      return false;
-    }
-    if (retried) {
-      *f = {shape, ns, 0};
-      return false;
-    }
-    if (ns * kSlowDen > f->ns * kSlowNum) return ++f->slow >= kSlowSteps ? (f->slow = 0, true) : false;
-    f->ns = std::min(f->ns, ns);
-    f->slow = 0;
-    return false;
-  }
-
  private:
-  struct Fastest {
-    uint64_t shape = 0;
-    int64_t ns = 0;    // the fastest several-thread step of the shape since its baseline (0: the entry is free)
-    int64_t slow = 0;  // its slow steps in a row
-  };
-  std::array<Fastest, kShapes> fastest_{};
-  int next_shape_ = 0;
   int64_t span_ = kMinSolo;  // the next span's steps
   int64_t solo_left_ = 0;    // steps of the current span still to run alone
   int64_t clean_ = 0;        // clean several-thread steps in a row since the last stall (at most kCleanSteps)
@@ -280,11 +240,7 @@ class StepPool {
     }
     if ((solo || threads_ > 1) && stall_fallback_) {
       // script_steps(): the verdicts and times given, not the ones measured
-      int64_t ns = scripted_ ? (solo ? script_solo_ns_ : script_ns_) : elapsed_ns(start);
-      if (scripted_ && !solo && !script_times_.empty()) {
-        ns = script_times_.front();
-        script_times_.erase(script_times_.begin());
-      }
+      const int64_t ns = scripted_ ? (solo ? script_solo_ns_ : script_ns_) : elapsed_ns(start);
       if (solo) {
         fallback_.solo_step(shape, ns);
       } else {
@@ -329,15 +285,11 @@ class StepPool {
   // `verdicts` in order instead of their measured waits (clean once it is used up), and the stall
   // fallback sees every solo step take solo_ns and every several-thread step ns, not their clock's.
   void script_steps(std::vector<int64_t> verdicts, int64_t solo_ns, int64_t ns) {
-    script_times_.clear();
     scripted_ = true;
     script_ = std::move(verdicts);
     script_solo_ns_ = solo_ns;
     script_ns_ = ns;
   }
-
-  // Tests, after script_steps: the next several-thread steps take these times (in order), then its ns.
-  void script_times(std::vector<int64_t> ns) { script_times_ = std::move(ns); }
 
   // Profiling of the hand-offs (off by default: three clock reads per task). Per worker (0: the
   // calling thread), since the last reset: ns in tasks, ns waiting for the phase before a task's to
@@ -402,7 +354,6 @@ class StepPool {
   bool scripted_ = false;          // script_steps()
   std::vector<int64_t> script_;    // its verdicts still to use
   int64_t script_solo_ns_ = 0, script_ns_ = 0;
-  std::vector<int64_t> script_times_;  // script_times(): the next several-thread steps' times
   int64_t stalled_ns_ = 0;         // this step: the calling thread's waits longer than kStallNs
   bool profiling_ = false;
   std::atomic<bool> step_profiled_{false};  // this step's (written before the ticket word is published)

@@ -266,17 +266,6 @@ def test_retries_slower_than_one_thread_double_the_span(scripted_decoder):
     assert _thread_counts(d, 1 + 4 + 3) == "2" + "1" * 4 + "222"
 
 
-def test_two_thread_steps_slowed_without_a_stall_go_alone(scripted_decoder):
-    """A neighbour's job slows two-thread steps without a long wait on the calling thread (measured: batch-8
-    steps ~20 ms on two threads, 13-14 on one, no span): two steps in a row over 1.5x the fastest two-thread
-    step of their kind start a span as a stall does, one slow step alone (a burst) does not; the retry,
-    faster than one thread here, is the new baseline, so steps as slow as it stay on two threads."""
-    d = scripted_decoder
-    d.script_steps([], 3000, 1000)
-    d.script_times([1000, 1000, 1600, 1000, 1600, 1600] + [2000] * 6)
-    assert _thread_counts(d, 6 + 4 + 1 + 5) == "222222" + "1111" + "2" + "22222"
-
-
 def test_a_retry_of_another_kind_of_step_is_not_compared(scripted_decoder):
     """The retry is compared only with one-thread steps of its own kind (the same phases and units): a
     one-row step after a span of two-row steps says nothing about two threads for either."""
