@@ -6,9 +6,8 @@ chunks, mixed with decode rows or not), the decode steps (their count and median
 and the rest of each step (Python: plan, sampling, outputs; wall time, so under load it holds waits for the
 CPU too), and the run's CPU time (every thread's: under load, what an A/B of the work itself reads; with
 two threads it holds the step pool's spinning too). ``--ab-batch-tiles`` alternates the decoding batches' AMX tiles (engine/r16_batch.h) with the
-VNNI kernel run by run (order reversed every other round) and prints the medians; ``--ab-ahead`` likewise
-greedy decode steps launched ahead (engine/runner.py's _decode_greedy: the next step starts on the step
-pool's helpers during the engine's Python) and run one by one; ``--json`` prints one
+VNNI kernel run by run (order reversed every other round) and prints the medians; ``--no-stall-fallback``
+keeps every step on the threads asked for (each run prints its steps on one thread either way); ``--json`` prints one
 JSON object with every run's split instead. ``--temperature 0.7 --top-p 0.9`` samples as a persona does
 (the sampler's per-row path, not the greedy one-call step).
 """
@@ -33,8 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.0, help="sample instead of greedy (a persona: 0.7)")
     parser.add_argument("--top-p", type=float, default=1.0, help="with --temperature (a persona: 0.9)")
     parser.add_argument("--ab-batch-tiles", action="store_true", help="alternate the batch tiles and the VNNI kernel")
-    parser.add_argument("--ab-ahead", action="store_true",
-                        help="alternate greedy decode steps launched ahead (the engine's default) and one by one")
     parser.add_argument("--no-stall-fallback", action="store_true",
                         help="always the threads asked for (the step pool's one-thread fallback off)")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the lines")
@@ -83,10 +80,8 @@ def main(argv: list[str] | None = None) -> int:
 
     runner.decoder, runner.run, engine.step = SimpleNamespace(step=timed(decoder.step)), run, step
     greedy_calls = runner.greedy_calls  # greedy decode steps: the native call through ctypes (GreedyCalls)
-    if greedy_calls is not None:  # a step launched ahead (runner._decode_greedy): its complete() is the native time
-        for name in ("step", "complete"):
-            if hasattr(greedy_calls, name):  # (a tree before launches: step only, for A/Bs with this file)
-                setattr(greedy_calls, name, timed(getattr(greedy_calls, name)))
+    if greedy_calls is not None:
+        runner.greedy_calls = SimpleNamespace(step=timed(greedy_calls.step), expect_step=greedy_calls.expect_step)
 
     cpu = [0.0]  # the last run's CPU seconds, every thread of the process (the engine's and the pool's)
     solo = [0]  # the last run's steps on one thread (the step pool's stall fallback)
@@ -127,10 +122,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{run['wall_ms']:.0f}; {run['cpu_ms']:.0f} ms CPU; {run['solo_steps']} steps on one thread", flush=True)
 
     ops = torch.ops.voxlane
-    if args.ab_batch_tiles and args.ab_ahead:
-        raise SystemExit("one A/B at a time")
-    arms = ("tiles", "vnni") if args.ab_batch_tiles else ("ahead", "one by one") if args.ab_ahead else ("as built",)
-    goes_on = getattr(runner, "goes_on", None)
+    arms = ("tiles", "vnni") if args.ab_batch_tiles else ("as built",)
     if args.ab_batch_tiles and not ops.set_r16_batch_tiles(True):
         raise SystemExit("the batch tiles do not run here (no AMX int8)")
     load_start = os.getloadavg()[0]
@@ -144,8 +136,6 @@ def main(argv: list[str] | None = None) -> int:
             for arm in (arms if r % 2 == 0 else arms[::-1]):
                 if args.ab_batch_tiles:
                     ops.set_r16_batch_tiles(arm == "tiles")
-                if args.ab_ahead:
-                    runner.goes_on = goes_on if arm == "ahead" else None
                 runs.append(split(arm, r + 1, batch_run()))
                 if not args.json:
                     report(runs[-1])

@@ -220,20 +220,6 @@ class NativeDecoder : public torch::CustomClassHolder {
   at::Tensor step(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
                   const at::Tensor& logit_rows);
 
-  // step() in two halves, for the engine's greedy decode steps (engine/native_step.py's GreedyCalls): launch()
-  // checks the rows and hands the step to the step pool's helpers, which start on it at once, and returns;
-  // complete() takes part in it and returns its logits (argmax(): their rows' first maxima). Between the two the
-  // caller may run other code (the engine's Python for the step before; a helper meanwhile runs this step's
-  // first tasks), but must keep positions, slots and logit_rows as they are and call nothing else of this
-  // decoder's that steps: step() first completes a launched step (its results dropped). ~NativeDecoder too.
-  void launch(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
-              const at::Tensor& logit_rows);
-  at::Tensor complete();
-  bool launched() const { return launched_.active; }
-  ~NativeDecoder() {
-    if (launched_.active) complete();
-  }
-
   int64_t num_layers() const { return layers; }
   // The KV cache's element: true for fp16, false for fp32.
   bool half_kv() const { return half_kv_; }
@@ -316,17 +302,6 @@ class NativeDecoder : public torch::CustomClassHolder {
   Linear head, embed;
   std::vector<at::Tensor> owned_;
   StepPool pool_;
-  // The step launch() began and complete() has not finished: its work, buffers (kept alive while the pool's
-  // threads use them), logits, start and thread count.
-  struct Launched {
-    bool active = false, in_pool = false;
-    std::unique_ptr<PhasedWork> work;
-    std::vector<at::Tensor> buffers;
-    at::Tensor logits;
-    int64_t n = 0;
-    int threads = 1;
-    std::chrono::steady_clock::time_point started;
-  } launched_;
   bool profiling_ = false;
   bool int8_activations_ = false;
   bool bf16_activations_ = false;
@@ -758,15 +733,7 @@ static void carve_blocks(const int64_t (&widths)[4], std::array<int64_t, 4> rows
 
 at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
                                const at::Tensor& logit_rows) {
-  if (launched_.active) complete();  // a launched step first (its results dropped)
-  launch(tokens, positions, slots, logit_rows);
-  return complete();
-}
-
-void NativeDecoder::launch(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
-                           const at::Tensor& logit_rows) {
   check_complete();
-  TORCH_CHECK(!launched_.active, "NativeDecoder: a launched step is not complete");
   const auto started = std::chrono::steady_clock::now();
   const int64_t T = tokens.numel(), n = logit_rows.numel();
   auto int64_rows = [](const at::Tensor& t) { return t.dim() == 1 && t.scalar_type() == at::kLong && t.is_contiguous(); };
@@ -824,21 +791,8 @@ void NativeDecoder::launch(const at::Tensor& tokens, const at::Tensor& positions
   }
   argmax_stride_ = n + 8;
   argmax_keys_.assign(threads * argmax_stride_, 0);
-  launched_.work = std::make_unique<StepWork>(*this, T, pos, slot, rows, n, buffers, threads);
-  launched_.buffers = {residual, h, delta, qkv, attn, gate_up, act, h_logits, rope, q_bytes, q_scales};
-  launched_.logits = logits;
-  launched_.n = n;
-  launched_.threads = threads;
-  launched_.started = started;
-  launched_.in_pool = pool_.begin(*launched_.work, threads);
-  launched_.active = true;
-}
-
-at::Tensor NativeDecoder::complete() {
-  TORCH_CHECK(launched_.active, "NativeDecoder: no launched step to complete");
-  if (launched_.in_pool) pool_.finish();
-  const int64_t n = launched_.n;
-  const int threads = launched_.threads;
+  StepWork work(*this, T, pos, slot, rows, n, buffers, threads);
+  pool_.run(work, threads);
   argmax_.resize(n);
   for (int64_t i = 0; i < n; ++i) {
     uint64_t best = 0;
@@ -846,9 +800,7 @@ at::Tensor NativeDecoder::complete() {
     argmax_[i] = argmax_index(best);
   }
   if (profiling_)
-    step_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - launched_.started).count();
-  at::Tensor logits = std::move(launched_.logits);
-  launched_ = Launched{};
+    step_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count();
   return logits;
 }
 
@@ -861,49 +813,18 @@ at::Tensor NativeDecoder::complete() {
 // inputs: tokens, positions, slots and logit rows of a decode batch, [B] int64 each, one after another;
 // argmax: [B], each row's argmax (the logits themselves are not returned). Returns nullptr, or the
 // error's message (valid until this thread's next call).
-namespace {
-// f() for a C call: nullptr, or what it threw (valid until this thread's next call).
-template <class F>
-const char* c_call(F&& f) {
+extern "C" const char* voxlane_greedy_step(voxlane::NativeDecoder* decoder, int64_t* inputs, int64_t B, int64_t* argmax) {
   thread_local std::string error;
   try {
-    f();
+    const auto rows = [&](int64_t k) { return at::from_blob(inputs + k * B, {B}, at::kLong); };
+    decoder->step(rows(0), rows(1), rows(2), rows(3));
+    const std::vector<int64_t> found = decoder->argmax();
+    std::copy(found.begin(), found.end(), argmax);
     return nullptr;
   } catch (const std::exception& e) {
     error = e.what();
     return error.c_str();
   }
-}
-
-// The decode batch's B rows of inputs (tokens, positions, slots, logit rows) as tensors over the caller's buffer.
-at::Tensor input_row(int64_t* inputs, int64_t B, int64_t k) { return at::from_blob(inputs + k * B, {B}, at::kLong); }
-
-void copy_argmax(const voxlane::NativeDecoder* decoder, int64_t* argmax) {
-  const std::vector<int64_t> found = decoder->argmax();
-  std::copy(found.begin(), found.end(), argmax);
-}
-}  // namespace
-
-extern "C" const char* voxlane_greedy_step(voxlane::NativeDecoder* decoder, int64_t* inputs, int64_t B, int64_t* argmax) {
-  return c_call([&] {
-    decoder->step(input_row(inputs, B, 0), input_row(inputs, B, 1), input_row(inputs, B, 2), input_row(inputs, B, 3));
-    copy_argmax(decoder, argmax);
-  });
-}
-
-// The same step in two calls (NativeDecoder::launch / complete): launch returns once the step pool's helpers
-// have it (the inputs must stay as they are until complete); complete takes part, then writes the argmax.
-extern "C" const char* voxlane_greedy_launch(voxlane::NativeDecoder* decoder, int64_t* inputs, int64_t B) {
-  return c_call([&] {
-    decoder->launch(input_row(inputs, B, 0), input_row(inputs, B, 1), input_row(inputs, B, 2), input_row(inputs, B, 3));
-  });
-}
-
-extern "C" const char* voxlane_greedy_complete(voxlane::NativeDecoder* decoder, int64_t* argmax) {
-  return c_call([&] {
-    decoder->complete();
-    copy_argmax(decoder, argmax);
-  });
 }
 
 extern "C" void voxlane_expect_step(voxlane::NativeDecoder* decoder, int64_t us) { decoder->expect_step(us); }
@@ -915,9 +836,6 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("add_linear", &voxlane::NativeDecoder::add_linear)
       .def("add_norm", &voxlane::NativeDecoder::add_norm)
       .def("step", &voxlane::NativeDecoder::step)
-      .def("launch", &voxlane::NativeDecoder::launch)
-      .def("complete", &voxlane::NativeDecoder::complete)
-      .def("launched", &voxlane::NativeDecoder::launched)
       .def("num_layers", &voxlane::NativeDecoder::num_layers)
       .def("half_kv", &voxlane::NativeDecoder::half_kv)
       .def("solo_steps", &voxlane::NativeDecoder::solo_steps)

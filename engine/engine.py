@@ -114,7 +114,6 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.kv_cache, self.sampler, compile=self.config.compile)
         self.scheduler = Scheduler(self.kv_cache, self.config.max_batch_size, self.config.prefill_chunk_tokens)
         self.outputs = OutputProcessor(self.tokenizer, self.eos_ids, self.max_seq_len, self.cancel, self.hold)
-        self.runner.goes_on = self.outputs.goes_on  # greedy decode steps launch the next one ahead (ModelRunner)
 
     def _load_weights(self, model_path: str | Path, kernels, dtype: torch.dtype, max_seq_len: int) -> None:
         """``self.model``: the GGUF's blocks as stored (quant native), the int8 checkpoint by memory
@@ -236,8 +235,6 @@ class LLMEngine:
         A plan may hold prompt chunks and a decode batch; the runner runs both (one native call
         when it can) before any of their tokens go out."""
         did_work = self._take_inbox()
-        if self.scheduler.waiting:  # admission may copy a shared prefix into a slot: no step launched ahead meanwhile
-            self.runner.settle()
         plan = self.scheduler.schedule()
         for seq in plan.cancelled:
             self._close(seq)

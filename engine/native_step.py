@@ -113,61 +113,22 @@ class GreedyCalls:
         self._expect = library.voxlane_expect_step
         self._expect.argtypes = [ctypes.c_void_p, ctypes.c_int64]
         self._expect.restype = None
-        self._launch = library.voxlane_greedy_launch
-        self._launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-        self._launch.restype = ctypes.c_char_p
-        self._complete = library.voxlane_greedy_complete
-        self._complete.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        self._complete.restype = ctypes.c_char_p
         self._rows: dict[int, tuple[np.ndarray, int, int]] = {}  # by batch size: [5, B] buffer, its address, row 4's
-        self._launched: tuple[np.ndarray, int] | None = None  # launch()'s buffer and argmax address until complete()
 
-    def _buffer(self, token_ids: list[int], positions: list[int], slots: list[int]) -> tuple[np.ndarray, int, int]:
+    def step(self, token_ids: list[int], positions: list[int], slots: list[int]) -> list[int]:
+        """``NativeDecoder.step`` of a decode batch (one row per sequence) -> each row's argmax."""
         B = len(slots)
         rows = self._rows.get(B)
         if rows is None:
             buffer = np.zeros((5, B), dtype=np.int64)  # tokens, positions, slots, logit rows, argmax
             buffer[3] = np.arange(B)
             rows = self._rows[B] = (buffer, buffer.ctypes.data, buffer.ctypes.data + 4 * B * 8)
-        rows[0][:3] = (token_ids, positions, slots)
-        return rows
-
-    def step(self, token_ids: list[int], positions: list[int], slots: list[int]) -> list[int]:
-        """``NativeDecoder.step`` of a decode batch (one row per sequence) -> each row's argmax."""
-        self.settle()  # before the buffer is written: a launched step reads its positions and slots
-        buffer, address, argmax = self._buffer(token_ids, positions, slots)
-        error = self._step(self._address, address, len(slots), argmax)
+        buffer, address, argmax = rows
+        buffer[:3] = (token_ids, positions, slots)
+        error = self._step(self._address, address, B, argmax)
         if error is not None:
             raise RuntimeError(error.decode())
         return buffer[4].tolist()
-
-    def launch(self, token_ids: list[int], positions: list[int], slots: list[int]) -> None:
-        """``step`` in two calls: this one returns once the step pool's helpers have the step (they start
-        on it while the caller runs other code), ``complete()`` takes part and returns the argmax."""
-        self.settle()
-        buffer, address, argmax = self._buffer(token_ids, positions, slots)
-        error = self._launch(self._address, address, len(slots))
-        if error is not None:
-            raise RuntimeError(error.decode())
-        self._launched = buffer, argmax
-
-    @property
-    def launched(self) -> bool:
-        return self._launched is not None
-
-    def complete(self) -> list[int]:
-        """The launched step's argmax per row."""
-        assert self._launched is not None, "no launched step"
-        (buffer, argmax), self._launched = self._launched, None
-        error = self._complete(self._address, argmax)
-        if error is not None:
-            raise RuntimeError(error.decode())
-        return buffer[4].tolist()
-
-    def settle(self) -> None:
-        """A launched step (if any) completed, its results dropped."""
-        if self._launched is not None:
-            self.complete()
 
     def expect_step(self, us: int) -> None:
         """``NativeDecoder.expect_step``."""

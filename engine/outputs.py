@@ -89,16 +89,6 @@ class OutputProcessor:
             output.stream.put(tail)
         return reason
 
-    def goes_on(self, seq: Sequence, token: int) -> bool:
-        """Whether ``seq`` will still be decoded after ``append(seq, token)``, as far as the ids tell: no
-        end-of-turn id (unless ignored), token limit, length limit or hold (a stop string is not foreseen)."""
-        output = self._outputs.get(seq.id)
-        if output is None or (token in self.eos_ids and not output.ignore_eos):
-            return False
-        written = len(seq.output_ids) + 1
-        return (written < seq.sampling.max_tokens and seq.num_tokens + 1 < self.max_seq_len
-                and (seq.hold_after is None or written < seq.hold_after))
-
     def probed(self, seq: Sequence, probability: float) -> str | None:
         """A probe's prompt is cached: its stream carries P(next token in probe_ids), no text, and
         ends ("probed"). A request probed inside its prompt (``probe_at``) goes on: None."""

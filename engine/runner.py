@@ -10,7 +10,6 @@ each sequence reads exactly its own length.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -75,11 +74,6 @@ class ModelRunner:
         self.group = model.args.num_heads // model.args.num_kv_heads  # R query heads per kv head
         self._decode_forward = model.forward
         self._decode_rows: dict[int, tuple[Tensor, ...]] = {}  # decode(): the step's inputs by batch size
-        # Whether a sequence goes on after taking a token (the engine's OutputProcessor.goes_on): set, a greedy
-        # decode batch whose sequences all go on launches the next step's (its rows' argmax fed, each position
-        # one on) before the engine's Python for this step's tokens runs (_decode_greedy).
-        self.goes_on: Callable[[Sequence, int], bool] | None = None
-        self._launched: tuple[list[Sequence], list[int], list[int]] | None = None  # its (sequences, tokens, positions)
         if compile:
             # dynamic=True: batch size and cache length change every step; one graph for all.
             self._decode_forward = torch.compile(model.forward, dynamic=True)
@@ -98,7 +92,6 @@ class ModelRunner:
         seqs = plan.decode
         if seqs and not chunks and self.greedy_calls is not None and self.sampler.all_greedy(seqs):
             return self._decode_greedy(seqs, result)
-        self.settle()
         decode = ([s.slot for s in seqs], [s.last_token for s in seqs], [s.num_tokens - 1 for s in seqs])
         if chunks and seqs and self.fused_decode:
             prefill_logits, decode_logits = self.prefill_and_decode(chunks, *decode, inner_rows=inner_rows)
@@ -120,59 +113,17 @@ class ModelRunner:
 
     def _decode_greedy(self, seqs: list[Sequence], result: RunResult) -> RunResult:
         """A decode batch of greedy sequences: the one-call step through C calls, its argmax per row
-        the tokens (the sampler would take the same; the logits stay in the step).
-
-        When every sequence goes on after its token (``goes_on``), the next step of the same batch (these
-        tokens fed, each position one on) is launched before returning: the step pool's helpers start on it
-        while the engine's Python puts this step's tokens out and plans the next step, and that step, if it
-        is this one (the same sequences, tokens and positions), completes it instead of running its own.
-        Its rows are exactly the step the engine would run (each row's result depends on its own inputs
-        only), so the tokens are the same; a plan of fewer of its sequences (one ended on a stop string or
-        was cancelled) takes their rows, and any other plan (an arrival, a prompt) drops it (``settle``; the
-        k/v it wrote are at positions their sequences had not cached)."""
+        the tokens (the sampler would take the same; the logits stay in the step)."""
         slots = [s.slot for s in seqs]
         positions = [s.num_tokens - 1 for s in seqs]
-        tokens_in = [s.last_token for s in seqs]
-        launched, self._launched = self._launched, None
-        rows = self._rows_of(launched, seqs, tokens_in, positions) if launched is not None else None
-        if rows is not None:
-            found = self.greedy_calls.complete()
-            tokens = [found[r] for r in rows]
-        else:
-            tokens = self.greedy_calls.step(tokens_in, positions, slots)  # drops a launched step first
+        tokens = self.greedy_calls.step([s.last_token for s in seqs], positions, slots)
         self._note_decoded(slots, positions)
         result.tokens += zip(seqs, tokens)
-        if self.goes_on is not None and all(self.goes_on(s, t) for s, t in zip(seqs, tokens)):
-            following = [p + 1 for p in positions]
-            self.greedy_calls.launch(tokens, following, slots)
-            self._launched = list(seqs), tokens, following
         return result
-
-    @staticmethod
-    def _rows_of(launched: tuple[list[Sequence], list[int], list[int]], seqs: list[Sequence], tokens: list[int],
-                 positions: list[int]) -> list[int] | None:
-        """Each sequence's row in the step launched ahead, when that step holds every one of them with
-        this token and position (a sequence that ended since, e.g. on a stop string, leaves its row unused);
-        else None."""
-        row_of = {id(seq): r for r, seq in enumerate(launched[0])}
-        rows = [row_of.get(id(seq)) for seq in seqs]
-        if any(r is None or launched[1][r] != t or launched[2][r] != p for r, t, p in zip(rows, tokens, positions)):
-            return None
-        return rows
-
-    def settle(self) -> None:
-        """A step launched ahead (``_decode_greedy``) completed and dropped: before any other use of the
-        decoder or of the cache's tensors."""
-        if self._launched is not None:
-            self._launched = None
-            self.greedy_calls.settle()
 
     def expect_step(self, follows: bool) -> None:
         """Whether the engine runs another step at once: the one-call step's helper threads stay awake
-        for it (woken now if asleep; ``NativeDecoder.expect_step``), or may sleep (no step follows: a step
-        launched ahead is settled)."""
-        if not follows:
-            self.settle()
+        for it (woken now if asleep; ``NativeDecoder.expect_step``), or may sleep (no step follows)."""
         if self.greedy_calls is not None:
             self.greedy_calls.expect_step(EXPECT_STEP_US if follows else 0)
 
@@ -242,7 +193,6 @@ class ModelRunner:
         a row with its own slot and position (a chunk's rows attend each other causally through the
         cache). -> (each chunk's last-token logits or None, then ``inner_rows``' logits (as
         ``prefill_many``), the decode rows' logits [B, V])."""
-        self.settle()
         tokens = [t for _, ids, _, _ in chunks for t in ids] + list(token_ids)
         rows_positions = [start + i for _, ids, start, _ in chunks for i in range(len(ids))] + list(positions)
         rows_slots = [slot for slot, ids, _, _ in chunks for _ in ids] + list(slots)
@@ -262,7 +212,6 @@ class ModelRunner:
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> Tensor:
         """One new token per sequence (slots sorted ascending) -> logits [B, V]."""
         if self.fused_decode:  # prefill_and_decode without chunks, minus its ~30 us of list and tensor work
-            self.settle()
             logits = self.decoder.step(*self._decode_inputs(token_ids, positions, slots))
             self._note_decoded(slots, positions)
             return logits

@@ -163,15 +163,6 @@ class StepPool {
 
   // Runs all of work's phases with `threads` threads (this one included); returns when all are done.
   void run(PhasedWork& work, int threads) {
-    if (begin(work, threads)) finish();
-  }
-
-  // run() in two halves: begin() hands the step to the helpers, which start on its tasks at once, and
-  // returns (false: the step has no units, nothing to finish); finish() makes this thread take part and
-  // returns when all are done. Between the two the calling thread may do other work (the engine's
-  // Python for the step before) while a helper runs the step's first tasks; `work` must live until
-  // finish() returns, and nothing else may run on the pool meanwhile.
-  bool begin(PhasedWork& work, int threads) {
     threads = std::max(threads, 1);
     const int64_t weight = std::max<int64_t>(1, work.weight());
     const bool solo = threads > 1 && stall_fallback_ && fallback_.take_solo(weight);
@@ -202,7 +193,7 @@ class StepPool {
       done_[p].n.store(0, std::memory_order_relaxed);
       if (size_[p] > 0) last = p;
     }
-    if (last < 0) return false;
+    if (last < 0) return;
     next_[phases] = -1;
     for (int64_t p = phases - 1; p >= 0; --p) next_[p] = size_[p] > 0 ? p : next_[p + 1];
     work_ = &work;
@@ -219,14 +210,6 @@ class StepPool {
       std::lock_guard<std::mutex> lock(mutex_);
       wake_.notify_all();
     }
-    begun_ = {solo, weight, last, shape, start};
-    return true;
-  }
-
-  void finish() {
-    const auto [solo, weight, last, shape, begun] = begun_;
-    // A solo step's time starts here (nobody took its tasks before); a several-thread step's at begin().
-    const auto start = solo ? std::chrono::steady_clock::now() : begun;
     const bool profiling = profiling_now();
     participate(0, generation_, profiling);
     const auto tail = profiling ? std::chrono::steady_clock::now() : start;
@@ -238,7 +221,7 @@ class StepPool {
       run_ns_ += elapsed_ns(start);
       ++steps_;
     }
-    if ((solo || threads_ > 1) && stall_fallback_) {
+    if ((solo || threads > 1) && stall_fallback_) {
       // script_steps(): the verdicts and times given, not the ones measured
       const int64_t ns = scripted_ ? (solo ? script_solo_ns_ : script_ns_) : elapsed_ns(start);
       if (solo) {
@@ -335,14 +318,6 @@ class StepPool {
   std::unique_ptr<int64_t[]> size_, needed_, chunk_, after_, next_;
   int64_t capacity_ = 0;
   int threads_ = 1;  // this step's
-  // What finish() needs of begin()'s step: ran alone (the stall fallback), its weight, its last phase
-  // with units, its shape (the fallback's key) and start.
-  struct Begun {
-    bool solo = false;
-    int64_t weight = 1, last = -1;
-    uint64_t shape = 0;
-    std::chrono::steady_clock::time_point start;
-  } begun_;
   PhasedWork* work_ = nullptr;
   uint32_t generation_ = 0;
   std::atomic<int> active_helpers_{0};  // helpers 1..active_helpers_ take part in the current step
