@@ -6,7 +6,8 @@ chunks, mixed with decode rows or not), the decode steps (their count and median
 and the rest of each step (Python: plan, sampling, outputs; wall time, so under load it holds waits for the
 CPU too), and the run's CPU time (every thread's: under load, what an A/B of the work itself reads; with
 two threads it holds the step pool's spinning too). ``--ab-batch-tiles`` alternates the decoding batches' AMX tiles (engine/r16_batch.h) with the
-VNNI kernel run by run (order reversed every other round) and prints the medians; ``--json`` prints one
+VNNI kernel run by run (order reversed every other round) and prints the medians; ``--no-stall-fallback``
+keeps every step on the threads asked for (each run prints its steps on one thread either way); ``--json`` prints one
 JSON object with every run's split instead. ``--temperature 0.7 --top-p 0.9`` samples as a persona does
 (the sampler's per-row path, not the greedy one-call step).
 """
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.0, help="sample instead of greedy (a persona: 0.7)")
     parser.add_argument("--top-p", type=float, default=1.0, help="with --temperature (a persona: 0.9)")
     parser.add_argument("--ab-batch-tiles", action="store_true", help="alternate the batch tiles and the VNNI kernel")
+    parser.add_argument("--no-stall-fallback", action="store_true",
+                        help="always the threads asked for (the step pool's one-thread fallback off)")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the lines")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -49,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.tokens)
     steps: list[dict] = []
     runner, decoder = engine.runner, engine.runner.decoder
+    if args.no_stall_fallback:
+        decoder.set_stall_fallback(False)
 
     def timed(native_call):  # the native call, its time added to the step's
         def call(*args):
@@ -79,14 +84,16 @@ def main(argv: list[str] | None = None) -> int:
         runner.greedy_calls = SimpleNamespace(step=timed(greedy_calls.step), expect_step=greedy_calls.expect_step)
 
     cpu = [0.0]  # the last run's CPU seconds, every thread of the process (the engine's and the pool's)
+    solo = [0]  # the last run's steps on one thread (the step pool's stall fallback)
 
     def batch_run() -> float:
         steps.clear()
-        start, cpu_start = time.perf_counter(), time.process_time()
+        start, cpu_start, solo_start = time.perf_counter(), time.process_time(), decoder.solo_steps()
         streams = [engine.submit(p, sampling, ignore_eos=True) for p in batch_prompts(args.batch)]
         for s in streams:
             s.text()
         cpu[0] = time.process_time() - cpu_start
+        solo[0] = decoder.solo_steps() - solo_start
         # The streams end inside the last step (its outputs), before its wall is stamped: wait for the stamp.
         deadline = time.perf_counter() + 5.0
         while steps and "wall" not in steps[-1] and time.perf_counter() < deadline:
@@ -98,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         prompt = [s for s in steps if s["prompt_rows"]]
         decode = [s for s in steps if not s["prompt_rows"]]
         total = sum(s.get("wall", 0.0) for s in steps)
-        return {"arm": arm, "round": round_, "tok_s": aggregate, "cpu_ms": cpu[0] * 1e3,
+        return {"arm": arm, "round": round_, "tok_s": aggregate, "cpu_ms": cpu[0] * 1e3, "solo_steps": solo[0],
                 "prompt_steps": [{"rows": s["prompt_rows"], "chunks": s["chunks"], "decode_rows": s["decode_rows"],
                                   "native_ms": s["native"] * 1e3} for s in prompt],
                 "decode_steps": len(decode),
@@ -112,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{s['native_ms']:.0f} ms" for s in run["prompt_steps"])
               + f"; {run['decode_steps']} decode steps, native median {run['decode_native_median_ms']:.2f} ms "
               f"(sum {run['decode_native_ms']:.0f}); the rest of the steps {run['rest_ms']:.0f} ms of "
-              f"{run['wall_ms']:.0f}; {run['cpu_ms']:.0f} ms CPU", flush=True)
+              f"{run['wall_ms']:.0f}; {run['cpu_ms']:.0f} ms CPU; {run['solo_steps']} steps on one thread", flush=True)
 
     ops = torch.ops.voxlane
     arms = ("tiles", "vnni") if args.ab_batch_tiles else ("as built",)

@@ -8,7 +8,8 @@ sample): this tree, a git revision's tree (``--rev-arm``) and this tree with the
 every other round: ``one`` is one stream of 128 greedy tokens (decode tok/s, the peer table's row), ``batch``
 8 streams at once (aggregate tok/s, prefills included). Loads, started for that part of the round and
 stopped after it: ``quiet`` (none of ours), ``bursts`` (a busy loop of 20-50 ms every 0.5 s on a random
-core: a neighbour's short disturbance), ``sustained`` (two busy loops: both cores taken, load +2).
+core: a neighbour's short disturbance), ``neighbour`` (one busy loop: a neighbour's one-thread job on one of
+the two cores, load +1), ``sustained`` (two busy loops: both cores taken, load +2).
 Prints every sample (tok/s, steps the fallback ran alone, the process's CPU ms, the 1-min load) and the
 medians with their spread. The loads take CPU from everyone on the machine: keep runs short.
 
@@ -28,7 +29,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent  # this source tree
-LOADS = ("quiet", "bursts", "sustained")
+LOADS = ("quiet", "bursts", "sustained")  # the default loads; "neighbour" when asked for
 
 
 def spin(seconds: float) -> None:
@@ -126,6 +127,8 @@ def start_load(load: str, seed: int) -> list[subprocess.Popen]:
     me = [sys.executable, str(Path(__file__).resolve()), "--load"]
     if load == "bursts":
         return [subprocess.Popen([*me, "bursts", "--seed", str(seed)])]
+    if load == "neighbour":
+        return [subprocess.Popen([*me, "spin"])]
     if load == "sustained":
         return [subprocess.Popen([*me, "spin"]) for _ in range(2)]
     return []
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128, help="greedy tokens per stream")
-    parser.add_argument("--loads", default=",".join(LOADS), help="comma-separated: quiet, bursts, sustained")
+    parser.add_argument("--loads", default=",".join(LOADS), help="comma-separated: quiet, bursts, neighbour (not by default), sustained")
     parser.add_argument("--kinds", default="one,batch", help="comma-separated: one (a stream), batch (8 streams)")
     parser.add_argument("--label", default="this", help="this tree's arm")
     parser.add_argument("--rev-arm", nargs=2, action="append", default=[], metavar=("LABEL", "REV"),

@@ -49,3 +49,11 @@ def test_temperature_and_top_p_sample_each_token(capsys, smollm2_dir, monkeypatc
     report = json.loads(capsys.readouterr().out)
     assert (report["temperature"], report["top_p"]) == (0.7, 0.9)
     assert len(rows) >= 2 * 3 and all((p.temperature, p.top_p) == (0.7, 0.9) for p in rows)  # warm-up + run
+
+
+
+def test_runs_count_their_steps_on_one_thread(capsys, smollm2_dir):
+    """Each run reports its steps on one thread (the stall fallback); --no-stall-fallback makes it 0."""
+    batch_ab.main(["--batch", "2", "--tokens", "4", "--rounds", "1", "--no-stall-fallback", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert [run["solo_steps"] for run in report["runs"]] == [0] and report["runs"][0]["decode_steps"] == 3

@@ -29,3 +29,15 @@ def _cmdline(pid: str) -> str:
             return f.read()
     except OSError:  # not a process, or it ended meanwhile
         return ""
+
+
+def test_the_neighbour_load_is_one_busy_loop():
+    """``neighbour``: one spinning process (a neighbour's one-thread job on one of the two cores), ``sustained`` two."""
+    for load, count in (("neighbour", 1), ("sustained", 2)):
+        procs = stall_ab.start_load(load, 0)
+        try:
+            assert len(procs) == count and all(p.args[-1] == "spin" for p in procs)
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
