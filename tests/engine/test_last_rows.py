@@ -125,8 +125,9 @@ def test_the_last_layer_runs_for_the_logits_rows_only(ops, smollm2_native):
     def norm(rows):
         return pool_tasks(-(-rows // 4), 16)
 
-    qkv = pool_tasks(a.num_heads * d // 16 + 2 * kv, 4)
-    matrices = pool_tasks(D // 16, 4) + pool_tasks(I // 32, 2) + pool_tasks(D // 16, 4)  # o_proj, gate/up, down
+    units = 128 // 16  # a prompt's matrix tasks: up to 128 weight rows (kPromptTaskRows), units of 16 (gate/up: 32)
+    qkv = pool_tasks(a.num_heads * d // 16 + 2 * kv, units)
+    matrices = pool_tasks(D // 16, units) + pool_tasks(I // 32, units // 2) + pool_tasks(D // 16, units)  # o, gate/up, down
     layer = norm(T) + qkv + pool_tasks(-(-T // 16) * kv, 1) + matrices + norm(T)
     head = pool_tasks(-(-V // 128), 4)
     before_last = (a.num_layers - 1) * layer + norm(T) + qkv
