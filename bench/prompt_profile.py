@@ -32,8 +32,23 @@ from bench.decode_profile import PHASES  # noqa: E402
 HERE = Path(__file__).resolve().parent.parent
 
 
-def profile(args) -> dict:
-    """This process: {tokens: {"wall_ms": [...], "profiled_wall_ms": [...], "cpu_ms": {phase: [...]}}}."""
+def add_prompt_arguments(parser: argparse.ArgumentParser, samples: int, samples_help: str) -> None:
+    """The options of a prompt measurement in one engine (this module's and bench.step_options_ab's)."""
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--quant", default="native")
+    parser.add_argument("--int8-activations", action="store_true")
+    parser.add_argument("--bf16-activations", action="store_true")
+    parser.add_argument("--int16-activations", action="store_true")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--tokens", default="43,512", help="prompt sizes, comma-separated")
+    parser.add_argument("--samples", type=int, default=samples, help=samples_help)
+    parser.add_argument("--no-stall-fallback", action="store_true",
+                        help="always the threads asked for (the step pool's one-thread fallback off)")
+
+
+def prompt_engine(args):
+    """A synchronous engine of add_prompt_arguments' settings (one slot's prompts of up to 1,024 tokens in
+    one chunk) -> (engine, its native decoder)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
@@ -49,21 +64,29 @@ def profile(args) -> dict:
                                                                  bf16_activations=args.bf16_activations,
                                                                  int16_activations=args.int16_activations),
                        background=False)
-    runner = engine.runner
-    decoder = getattr(runner, "decoder", None)
+    decoder = getattr(engine.runner, "decoder", None)
     if decoder is None:
         raise SystemExit("no native decoder (kernels missing?)")
     if args.no_stall_fallback:
         decoder.set_stall_fallback(False)
+    return engine, decoder
+
+
+def prompt_ids(n: int, seed: int) -> list[int]:
+    """n prompt token ids, another prompt for each seed (so no prompt finds another's cache)."""
+    return [300 + (7 * i + 13 * seed) % 5000 for i in range(n)]
+
+
+def profile(args) -> dict:
+    """This process: {tokens: {"wall_ms": [...], "profiled_wall_ms": [...], "cpu_ms": {phase: [...]}}}."""
+    engine, decoder = prompt_engine(args)
+    runner = engine.runner
     sizes = [int(t) for t in args.tokens.split(",")]
     seed = [0]
 
-    def prompt(n: int) -> list[int]:
-        seed[0] += 1
-        return [300 + (7 * i + 13 * seed[0]) % 5000 for i in range(n)]
-
     def prefill_ms(n: int) -> float:
-        ids = prompt(n)
+        seed[0] += 1
+        ids = prompt_ids(n, seed[0])
         start = time.perf_counter()
         runner.prefill(0, ids, 0)
         return (time.perf_counter() - start) * 1e3
@@ -105,19 +128,10 @@ def median_of(values: list[float]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.prompt_profile", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--quant", default="native")
-    parser.add_argument("--int8-activations", action="store_true")
-    parser.add_argument("--bf16-activations", action="store_true")
-    parser.add_argument("--int16-activations", action="store_true")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--tokens", default="43,512", help="prompt sizes, comma-separated")
-    parser.add_argument("--samples", type=int, default=3, help="prefills per size, arm and round")
+    add_prompt_arguments(parser, 3, "prefills per size, arm and round")
     parser.add_argument("--rounds", type=int, default=3, help="with --rev-arm: alternating rounds")
     parser.add_argument("--rev-arm", nargs=2, action="append", default=[], metavar=("LABEL", "REV"),
                         help="the same in the tree of git revision REV, in its own process, alternating")
-    parser.add_argument("--no-stall-fallback", action="store_true",
-                        help="always the threads asked for (the step pool's one-thread fallback off)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.json:  # one process's figures (also what --rev-arm runs)

@@ -19,34 +19,17 @@ import statistics
 import time
 
 from bench.decode_profile import PHASES
+from bench.prompt_profile import add_prompt_arguments, prompt_engine, prompt_ids
 
 ARMS = {"before": (False, False), "last rows": (True, False), "both": (True, True)}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--quant", default="native")
-    parser.add_argument("--int16-activations", action="store_true")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--tokens", default="43,512", help="prompt sizes, comma-separated")
-    parser.add_argument("--samples", type=int, default=30, help="prefills per arm and size")
+    add_prompt_arguments(parser, 30, "prefills per arm and size")
     args = parser.parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-
-    from app.model_store import resolve
-    from engine.config import EngineConfig
-    from engine.engine import LLMEngine
-
-    torch.set_num_threads(args.threads)
-    engine = LLMEngine(resolve(args.model, "llm"), EngineConfig(quant=args.quant, max_seq_len=1024, num_slots=2,
-                                                                 max_batch_size=1, num_threads=args.threads,
-                                                                 prefill_chunk_tokens=1024,
-                                                                 int16_activations=args.int16_activations),
-                       background=False)
+    engine, decoder = prompt_engine(args)
     runner = engine.runner
-    decoder = runner.decoder
     sizes = [int(t) for t in args.tokens.split(",")]
     print(f"load before: {os.getloadavg()[0]:.2f}", flush=True)
     seed = [0]
@@ -56,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
         decoder.set_last_rows_only(only)
         decoder.set_widen_once(once)
         seed[0] += 1
-        ids = [300 + (7 * i + 13 * seed[0]) % 5000 for i in range(n)]
+        ids = prompt_ids(n, seed[0])
         decoder.set_profiling(profiled)
         wall, cpu = time.perf_counter(), time.process_time()
         runner.prefill(0, ids, 0)
@@ -81,7 +64,8 @@ def main(argv: list[str] | None = None) -> None:
                 out[arm, n]["phases"].append(prefill(n, arm, True)[2])
     engine.close()
     med = statistics.median
-    print(f"{args.model}, {args.quant}, {'int16' if args.int16_activations else 'fp32'} activations, "
+    activations = next((k for k in ("int8", "bf16", "int16") if getattr(args, f"{k}_activations")), "fp32")
+    print(f"{args.model}, {args.quant}, {activations} activations, "
           f"{args.threads} thread(s), {args.samples} samples per arm (prefills alternating); medians, ms")
     for n in sizes:
         print(f"\n{n}-token prompt    " + "".join(f"{arm:>12}" for arm in arms))
