@@ -79,9 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         return did
 
     runner.decoder, runner.run, engine.step = SimpleNamespace(step=timed(decoder.step)), run, step
-    greedy_calls = runner.greedy_calls  # greedy decode steps: the native call through ctypes (GreedyCalls)
+    greedy_calls = runner.greedy_calls  # greedy steps: the native call through ctypes (GreedyCalls)
     if greedy_calls is not None:
-        runner.greedy_calls = SimpleNamespace(step=timed(greedy_calls.step), expect_step=greedy_calls.expect_step)
+        runner.greedy_calls = SimpleNamespace(step=timed(greedy_calls.step), rows=timed(greedy_calls.rows),
+                                              expect_step=greedy_calls.expect_step)
 
     cpu = [0.0]  # the last run's CPU seconds, every thread of the process (the engine's and the pool's)
     solo = [0]  # the last run's steps on one thread (the step pool's stall fallback)

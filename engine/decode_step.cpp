@@ -964,11 +964,15 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
 // inputs: tokens, positions, slots and logit rows of a decode batch, [B] int64 each, one after another;
 // argmax: [B], each row's argmax (the logits themselves are not returned). Returns nullptr, or the
 // error's message (valid until this thread's next call).
-extern "C" const char* voxlane_greedy_step(voxlane::NativeDecoder* decoder, int64_t* inputs, int64_t B, int64_t* argmax) {
+// A greedy step through ctypes (engine/native_step.py's GreedyCalls): rows [3, T] (token ids, positions,
+// slots) and the L logit rows -> each logit row's argmax (the step's logits stay here). A decode batch
+// is T = L rows, a prompt's step T rows of which its chunks' last ones want a token.
+extern "C" const char* voxlane_greedy_rows(voxlane::NativeDecoder* decoder, int64_t* rows, int64_t T,
+                                           int64_t* logit_rows, int64_t L, int64_t* argmax) {
   thread_local std::string error;
   try {
-    const auto rows = [&](int64_t k) { return at::from_blob(inputs + k * B, {B}, at::kLong); };
-    decoder->step(rows(0), rows(1), rows(2), rows(3));
+    const auto row = [&](int64_t k) { return at::from_blob(rows + k * T, {T}, at::kLong); };
+    decoder->step(row(0), row(1), row(2), at::from_blob(logit_rows, {L}, at::kLong));
     const std::vector<int64_t> found = decoder->argmax();
     std::copy(found.begin(), found.end(), argmax);
     return nullptr;

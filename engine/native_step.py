@@ -98,37 +98,53 @@ def build_decoder(model: Transformer, cache: KVCacheTensors):
 
 
 class GreedyCalls:
-    """A decoder's greedy decode step and ``expect_step`` as C calls through ctypes (decode_step.cpp's
-    ``voxlane_greedy_step`` and ``voxlane_expect_step``), for the engine's loop: after a step, a call of a
-    custom-class method took 60-100 us here (its path out of cache), a ctypes call 10-17 us. The step's
-    inputs and its argmax per row go through one int64 buffer per batch size; no logits come back."""
+    """A decoder's greedy steps and ``expect_step`` as C calls through ctypes (decode_step.cpp's
+    ``voxlane_greedy_rows`` and ``voxlane_expect_step``), for the engine's loop: after a step, a call of a
+    custom-class method took 60-100 us here (its path out of cache), a ctypes call 10-17 us. A step's
+    inputs and its argmax per logit row go through int64 buffers (one per decode batch size, kept); no
+    logits come back."""
 
     def __init__(self, decoder):
         library = ctypes.CDLL(str(kernels.library_path()))
         self.decoder = decoder  # kept alive: the calls take its address
         self._address = decoder.address()
-        self._step = library.voxlane_greedy_step
-        self._step.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
-        self._step.restype = ctypes.c_char_p
+        self._rows_call = library.voxlane_greedy_rows
+        self._rows_call.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                    ctypes.c_int64, ctypes.c_void_p]
+        self._rows_call.restype = ctypes.c_char_p
         self._expect = library.voxlane_expect_step
         self._expect.argtypes = [ctypes.c_void_p, ctypes.c_int64]
         self._expect.restype = None
-        self._rows: dict[int, tuple[np.ndarray, int, int]] = {}  # by batch size: [5, B] buffer, its address, row 4's
+        self._decode: dict[int, tuple[np.ndarray, int]] = {}  # by batch size: [5, B] buffer, its address
 
     def step(self, token_ids: list[int], positions: list[int], slots: list[int]) -> list[int]:
         """``NativeDecoder.step`` of a decode batch (one row per sequence) -> each row's argmax."""
         B = len(slots)
-        rows = self._rows.get(B)
-        if rows is None:
+        kept = self._decode.get(B)
+        if kept is None:
             buffer = np.zeros((5, B), dtype=np.int64)  # tokens, positions, slots, logit rows, argmax
             buffer[3] = np.arange(B)
-            rows = self._rows[B] = (buffer, buffer.ctypes.data, buffer.ctypes.data + 4 * B * 8)
-        buffer, address, argmax = rows
+            kept = self._decode[B] = (buffer, buffer.ctypes.data)
+        buffer, address = kept
         buffer[:3] = (token_ids, positions, slots)
-        error = self._step(self._address, address, B, argmax)
+        self._call(address, B, address + 3 * B * 8, B, address + 4 * B * 8)
+        return buffer[4].tolist()
+
+    def rows(self, token_ids: list[int], positions: list[int], slots: list[int], logit_rows: list[int]) -> list[int]:
+        """``NativeDecoder.step`` of any rows (prompt chunks, and decode rows after them) -> the argmax of
+        each of ``logit_rows`` (indices into the rows)."""
+        T, L = len(token_ids), len(logit_rows)
+        buffer = np.empty(3 * T + 2 * L, dtype=np.int64)  # tokens, positions, slots [3, T]; logit rows; argmax
+        buffer[:3 * T] = token_ids + positions + slots
+        buffer[3 * T:3 * T + L] = logit_rows
+        address = buffer.ctypes.data
+        self._call(address, T, address + 3 * T * 8, L, address + (3 * T + L) * 8)
+        return buffer[3 * T + L:].tolist()
+
+    def _call(self, rows: int, T: int, logit_rows: int, L: int, argmax: int) -> None:
+        error = self._rows_call(self._address, rows, T, logit_rows, L, argmax)
         if error is not None:
             raise RuntimeError(error.decode())
-        return buffer[4].tolist()
 
     def expect_step(self, us: int) -> None:
         """``NativeDecoder.expect_step``."""

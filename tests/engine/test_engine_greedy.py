@@ -135,25 +135,30 @@ def test_prompt_forms(fp32_engine, prompt_kind):
 
 def test_a_prompt_arriving_mid_decode_shares_the_step_and_changes_nothing(fp32_engine, monkeypatch):
     """The fp32 engine's one native call: a prompt submitted while others decode is prefilled in the
-    same call as their decode rows (runner.prefill_and_decode), and every answer is the one it gets
-    alone."""
+    same call as their decode rows (greedy: runner._run_greedy, one C call of all the rows), and every
+    answer is the one it gets alone."""
     alone = [_run_alone(fp32_engine, p).output_ids for p in GREEDY_PROMPTS]
     mixed_calls = []
-    original = fp32_engine.runner.prefill_and_decode
+    runner = fp32_engine.runner
+    original, rows = runner._run_greedy, runner.greedy_calls.rows
 
-    def counting(chunks, slots, *rest, **kwargs):
-        if chunks and slots:
-            mixed_calls.append((len(chunks), len(slots)))
-        return original(chunks, slots, *rest, **kwargs)
+    def counting(chunks, plan, result):
+        calls = len(native_calls)
+        out = original(chunks, plan, result)
+        if chunks and plan.decode:
+            mixed_calls.append((len(chunks), len(plan.decode), len(native_calls) - calls))
+        return out
 
-    monkeypatch.setattr(fp32_engine.runner, "prefill_and_decode", counting)
+    native_calls = []
+    monkeypatch.setattr(runner, "_run_greedy", counting)
+    monkeypatch.setattr(runner.greedy_calls, "rows", lambda *args: native_calls.append(1) or rows(*args))
     first = [fp32_engine.submit(p, GREEDY) for p in GREEDY_PROMPTS[:2]]
     for _ in range(3):
         fp32_engine.step()
     late = fp32_engine.submit(GREEDY_PROMPTS[2], GREEDY)
     fp32_engine.run_until_idle()
     assert [s.output_ids for s in first + [late]] == alone
-    assert mixed_calls and mixed_calls[0] == (1, 2)
+    assert mixed_calls and mixed_calls[0] == (1, 2, 1)
 
 
 def test_the_engine_says_after_each_step_whether_another_follows(fp32_engine, monkeypatch):

@@ -368,6 +368,68 @@ def test_greedy_decoding_takes_the_steps_argmax(native_model, monkeypatch):
         runner.greedy_calls.step([10**9], [3], [0])
 
 
+@pytest.mark.parametrize("B", [0, 1, 3])
+def test_greedy_prompts_take_the_steps_argmax(native_model, monkeypatch, B):
+    """A step of greedy prompt chunks (two prompts, one of them ending here) and B greedy decode rows runs
+    as one C call (``GreedyCalls.rows``): no custom-class call, no logits read by the sampler, and its
+    tokens are the argmax of the logits the custom-class step gives for the same rows and cache. A
+    sampled (non-greedy) prompt still goes through the sampler."""
+    from engine import sampler
+    from engine.scheduler import StepPlan
+    from engine.sequence import Sequence
+
+    decoding = [Sequence(10 + i, [100 + i, 200, 300], SamplingParams(temperature=0.0)) for i in range(B)]
+    prompts = [Sequence(1, [(i * 13) % 3000 + 200 for i in range(21)], SamplingParams(temperature=0.0)),
+               Sequence(2, [(i * 7) % 3000 + 100 for i in range(30)], SamplingParams(temperature=0.0))]
+
+    def fresh_runner():
+        cache = KVCache(native_model.args, 6, 64, torch.float32)
+        cache.tensors.k.zero_(), cache.tensors.v.zero_()
+        runner = ModelRunner(native_model, cache)
+        for slot, seq in enumerate(decoding):
+            seq.slot = slot
+            runner.prefill(slot, seq.prompt_ids[:-1], 0, want_logits=False)
+            seq.num_cached = len(seq.prompt_ids) - 1
+        for slot, seq in zip((4, 5), prompts):
+            seq.slot = slot
+        return runner, cache
+
+    # the first prompt ends in this step; the second is chunked (its first 16 tokens, no token wanted)
+    plan = StepPlan(prefills=[(prompts[0], 0, 21), (prompts[1], 0, 16)], decode=decoding)
+    runner, want_cache = fresh_runner()
+    chunks = [(4, prompts[0].prompt_ids, 0, True), (5, prompts[1].prompt_ids[:16], 0, False)]
+    decode = ([s.slot for s in decoding], [s.prompt_ids[-1] for s in decoding], [2] * B)
+    prompt_logits, decode_logits = runner.prefill_and_decode(chunks, *decode)
+    want = prompt_logits[0][None].numpy().argmax(-1).tolist() + decode_logits.numpy().argmax(-1).tolist()
+
+    runner, cache = fresh_runner()
+    monkeypatch.setattr(sampler, "greedy_tokens", lambda _: pytest.fail("the logits were read"))
+    decoder = runner.decoder
+
+    class NoCustomStep:
+        def __getattr__(self, name):
+            return getattr(decoder, name)
+
+        def step(self, *inputs):
+            pytest.fail("the custom-class step ran")
+
+    runner.decoder = NoCustomStep()
+    ran = runner.run(plan)
+    assert [(seq.id, token) for seq, token in ran.tokens] == list(zip([1] + [s.id for s in decoding], want))
+    for slot in [4, 5] + [s.slot for s in decoding]:
+        assert torch.equal(cache.tensors.k[:, slot], want_cache.tensors.k[:, slot]), slot
+        assert torch.equal(cache.tensors.v[:, slot], want_cache.tensors.v[:, slot]), slot
+    assert cache._initialized[4] == 21 and cache._initialized[5] == 16
+
+    runner.decoder = decoder
+    monkeypatch.undo()
+    prompts[0].sampling = SamplingParams(temperature=0.8, seed=3)
+    calls = []
+    monkeypatch.setattr(runner.sampler, "sample", lambda logits, seqs: calls.append(len(seqs)) or [7] * len(seqs))
+    runner.run(StepPlan(prefills=[(prompts[0], 0, 21)]))
+    assert calls == [1]
+
+
 def test_decode_steps_write_their_inputs_into_the_same_tensors(native_model):
     """A decode batch's tokens, positions, slots and logit rows go to the one-call step in tensors made once
     per batch size and rewritten in place (four new tensors a step were ~14 us of the engine's Python)."""
