@@ -184,7 +184,7 @@ class BlockArena:
     PRIVATE = True
 
     def __init__(self, capacity: int):
-        if self.PRIVATE and hasattr(mmap, "MAP_PRIVATE"):
+        if self.PRIVATE and hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS"):
             self._map = mmap.mmap(-1, capacity + self.HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         else:
             self._map = mmap.mmap(-1, capacity + self.HUGE_PAGE)  # MAP_SHARED: shmem
