@@ -171,12 +171,23 @@ class BlockArena:
     pages that is ~90,000 TLB misses per step and prefetches that stop at each page's end. Measured
     with the int8-activation kernels on Qwen's blocks (1 thread, batch 1, load ~2): 56-59 -> 52-53 ms
     per pass over the matrices; a plain read of them 88 -> 57 ms (load ~10). Pages are made resident
-    only when written, so reserving the whole file's size costs no memory."""
+    only when written, so reserving the whole file's size costs no memory.
+
+    The mapping is private (MAP_PRIVATE | MAP_ANONYMOUS). Python's ``mmap.mmap(-1, n)`` alone maps
+    MAP_SHARED, which Linux backs with shmem, whose huge pages follow
+    /sys/kernel/mm/transparent_hugepage/shmem_enabled (``never`` by default), not the madvise: until the
+    fourteenth session the weights were on 4 KB pages wherever shmem_enabled was ``never`` (this VM:
+    SmolLM2's 94 MB arena, AnonHugePages 0; private: 94 MB of 2 MB pages). PRIVATE = False maps it
+    shared again (A/B measurements)."""
 
     HUGE_PAGE = 2 << 20
+    PRIVATE = True
 
     def __init__(self, capacity: int):
-        self._map = mmap.mmap(-1, capacity + self.HUGE_PAGE)
+        if self.PRIVATE and hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS"):
+            self._map = mmap.mmap(-1, capacity + self.HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        else:
+            self._map = mmap.mmap(-1, capacity + self.HUGE_PAGE)  # MAP_SHARED: shmem
         if hasattr(mmap, "MADV_HUGEPAGE"):  # Linux; elsewhere plain pages
             try:
                 self._map.madvise(mmap.MADV_HUGEPAGE)

@@ -4,6 +4,9 @@ dequantize-then-matmul at batch 1, 3 and 8, and the native model's logits equal 
 dequantized by transformers from the same file."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -142,3 +145,39 @@ def test_qwen_native_model_and_one_call_step(ops, qwen_dir):
     assert (got - expected).abs().max().item() < 1e-3 * expected.abs().max().item()
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
     check_one_call_step(native)
+
+
+def _smaps_entry(address: int) -> dict[str, str]:
+    """The /proc/self/smaps fields of the mapping that holds ``address`` (its header line as "range" and "perms")."""
+    entry: dict[str, str] = {}
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and not head[0].endswith(":"):
+                start, end = (int(x, 16) for x in head[0].split("-"))
+                if inside:
+                    break
+                inside = start <= address < end
+                if inside:
+                    entry = {"range": head[0], "perms": head[1]}
+            elif inside and ":" in line:
+                key, value = line.split(":", 1)
+                entry[key] = value.strip()
+    return entry
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc/self/smaps")
+def test_block_arena_may_have_huge_pages():
+    """The weights' arena is a private anonymous mapping, so its MADV_HUGEPAGE counts: a shared one (Python's
+    default mmap) is shmem, whose huge pages follow shmem_enabled ("never" by default), and its 2 MB pages were
+    never there (the fourteenth session: SmolLM2's 94 MB on 4 KB pages)."""
+    from engine.native_weights import BlockArena
+
+    arena = BlockArena(8 << 20)
+    rows = arena.copy_rows([np.ones((1024, 4096), dtype=np.uint8)])
+    entry = _smaps_entry(rows.data_ptr())
+    assert entry["perms"].endswith("p"), entry  # private, not shared ("s")
+    enabled = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if enabled.exists() and "[never]" not in enabled.read_text() and "THPeligible" in entry:
+        assert entry["THPeligible"] == "1", entry
