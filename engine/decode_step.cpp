@@ -279,7 +279,9 @@ class NativeDecoder : public torch::CustomClassHolder {
   // (as many values) widened so for prompt attention since the decoder was made.
   void set_widen_once(bool on) { widen_once_ = on; }
   bool widen_once() const { return widen_once_; }
-  int64_t widened_keys() const { return widened_keys_.load(); }
+  int64_t widened_keys() const { return widened_keys_; }
+  // Times StepWork::kv32's buffer was allocated (grown) since the decoder was made (tests: kept between steps).
+  int64_t kv32_allocations() const { return kv32_allocations_; }
 
   // Profiling: CPU time summed over threads per phase kind (input norm, qkv, k/v write, attention,
   // o_proj, post norm, gate/up + SiLU, down, final norm, LM head), in ms, since the last reset.
@@ -321,7 +323,10 @@ class NativeDecoder : public torch::CustomClassHolder {
   bool int16_activations_ = false;
   bool last_rows_only_ = true;
   bool widen_once_ = true;
-  std::atomic<int64_t> widened_keys_{0};
+  int64_t widened_keys_ = 0;  // the steps' per-worker counts (StepWork::Worker::widened), summed after each step
+  // StepWork::kv32's storage (floats): grown, kept (a prompt step allocated its own before).
+  std::unique_ptr<float[]> kv32_;
+  int64_t kv32_capacity_ = 0, kv32_allocations_ = 0;
   int64_t r16_bytes_ = 0;
   std::array<std::atomic<int64_t>, 10> profile_ns_{};
   int64_t step_ns_ = 0;  // profiling: ns in step() calls
@@ -401,7 +406,7 @@ class StepWork : public PhasedWork {
   StepWork(NativeDecoder& m, int64_t T, const int64_t* positions, const int64_t* slots, const int64_t* logit_rows,
            int64_t n_logits, StepBuffers buffers, int threads)
       : m(m), T(T), positions(positions), slots(slots), logit_rows(logit_rows), n_logits(n_logits), buf(buffers),
-        bf16x(m.bf16_activations_), Nqkv((m.H + 2 * m.Hkv) * m.d), scratch(threads), packs(threads), decoding(T <= 8),
+        bf16x(m.bf16_activations_), Nqkv((m.H + 2 * m.Hkv) * m.d), scratch(threads), packs(threads), workers(threads), decoding(T <= 8),
         kv_in_qkv(decoding || m.d % kRows == 0), norms_in_tails(decoding),
         qkv_unit(decoding ? std::lcm(kRows, m.d) : kRows), q_units(decoding || !kv_in_qkv ? 0 : m.H * m.d / kRows),
         norm_unit(decoding ? kRows : kNormRows), head_unit(threads > 1 && decoding ? kRows : kHeadRows),
@@ -508,6 +513,13 @@ class StepWork : public PhasedWork {
   void run(int64_t p, int64_t u0, int64_t u1, int worker, bool descending) override {
     const int64_t kind = p >= m.layers * kPerLayer ? kPerLayer + (p - m.layers * kPerLayer) : p % kPerLayer;
     timed(kind, [&] { run_task(p, u0, u1, worker, descending); });
+  }
+
+  // The keys widened for prompt attention in this step (Worker::widened summed).
+  int64_t widened() const {
+    int64_t n = 0;
+    for (const Worker& w : workers) n += w.widened;
+    return n;
   }
 
   template <class F> void timed(int64_t kind, F&& f) {
@@ -624,7 +636,7 @@ class StepWork : public PhasedWork {
       case 1: {
         const int64_t n0 = qkv_row(u0), n1 = qkv_row(u1);
         layer.qkv.run(buf.h, T, buf.qkv, Nqkv, n0, n1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi), descending);
-        if (kv_in_qkv) write_own_kv(args, n0, n1);
+        if (kv_in_qkv) write_own_kv(args, n0, n1, worker);
         return;
       }
       case 2:
@@ -637,7 +649,7 @@ class StepWork : public PhasedWork {
             const int64_t rank = attention_rank(task), g = rank % m.Hkv;
             const int64_t b0 = (chunks(T, kRows) - 1 - rank / m.Hkv) * kRows, n = std::min(kRows, T - b0);
             const auto [keys, values] = keys_of(b0, g);
-            count_widened(rows_together(args, b0, n), positions[b0] + n, keys);
+            count_widened(rows_together(args, b0, n), positions[b0] + n, keys, worker);
             attend_rows(args, b0, n, g, scratch[worker], keys, values);
             if (buf.attnq.q || buf.attni.q1)
               for (int64_t b = b0; b < b0 + n; ++b) quantize_heads(b * m.Hkv + g, 0, m.H / m.Hkv);
@@ -721,7 +733,7 @@ class StepWork : public PhasedWork {
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t i = u / Hkv, g = u % Hkv, r = logit_rows[i], b0 = r / kRows * kRows;
       const auto [keys, values] = keys_of(r, g);
-      count_widened(rows_together(args, b0, std::min(kRows, T - b0)), positions[r] + 1, keys);
+      count_widened(rows_together(args, b0, std::min(kRows, T - b0)), positions[r] + 1, keys, worker);
       attend_row_of(args, b0, std::min(kRows, T - b0), r, g, buf.attn + i * Hd, scratch[worker], keys, values);
       if (quantized) quantize_heads(i * Hkv + g, 0, R);
       for (int64_t j = n_logits; i == 0 && j < last_rows; ++j) {
@@ -759,7 +771,7 @@ class StepWork : public PhasedWork {
   // writes the new keys (RoPE'd) and values of the kv heads whose rows it computed, for every row of
   // the step, so no phase of its own is needed: attention comes after the whole qkv phase anyway.
   template <class KV>
-  void write_own_kv(const AttentionArgs<KV>& args, int64_t n0, int64_t n1) const {
+  void write_own_kv(const AttentionArgs<KV>& args, int64_t n0, int64_t n1, int worker) {
     const int64_t d = m.d, k0 = m.H * d, v0 = (m.H + m.Hkv) * d;
     for (int64_t g = 0; g < m.Hkv; ++g) {
       const bool k = n0 <= k0 + g * d && k0 + (g + 1) * d <= n1, v = n0 <= v0 + g * d && v0 + (g + 1) * d <= n1;
@@ -767,7 +779,7 @@ class StepWork : public PhasedWork {
         if (k) write_k(args, b, g);
         if (v) write_v(args, b, g);
       }
-      if (k || v) widen_runs(args, g, k, v);
+      if (k || v) widen_runs(args, g, k, v, worker);
     }
   }
 
@@ -783,7 +795,7 @@ class StepWork : public PhasedWork {
   };
   std::vector<Run> runs;
   std::vector<int64_t> run_of;  // per row: its run's index, or -1
-  std::unique_ptr<float[]> kv32;
+  float* kv32 = nullptr;  // NativeDecoder::kv32_
   int64_t kv32_values = 0;
 
   void find_runs() {
@@ -797,30 +809,35 @@ class StepWork : public PhasedWork {
       at += m.Hkv * runs.back().keys * m.d;
     }
     kv32_values = at;
-    if (at) kv32.reset(new float[2 * at]);
+    if (2 * at > m.kv32_capacity_) {
+      m.kv32_.reset(new float[2 * at]);
+      m.kv32_capacity_ = 2 * at;
+      ++m.kv32_allocations_;
+    }
+    kv32 = m.kv32_.get();
   }
   // Kv head g's keys (k) and values (v) of the runs' slots, widened into kv32 (after the head's rows are written).
   template <class KV>
-  void widen_runs(const AttentionArgs<KV>& a, int64_t g, bool k, bool v) const {
+  void widen_runs(const AttentionArgs<KV>& a, int64_t g, bool k, bool v, int worker) {
     if constexpr (std::is_same_v<KV, kv::Half>) {
       for (const Run& run : runs) {
         const int64_t d = m.d, offset = ((slots[run.first] * m.Hkv + g) * m.L) * d;
-        float* keys = kv32.get() + run.at + g * run.keys * d;
+        float* keys = kv32 + run.at + g * run.keys * d;
         if (k) kv::widen(a.k_cache + offset, run.keys * d, keys);
         if (v) kv::widen(a.v_cache + offset, run.keys * d, keys + kv32_values);
-        if (k) m.widened_keys_.fetch_add(run.keys, std::memory_order_relaxed);
+        if (k) workers[worker].widened += run.keys;
       }
     }
   }
   // The n_keys keys a task attending rows together widens itself (keys_of had none), counted.
-  void count_widened(bool together, int64_t n_keys, const float* keys) const {
-    if (together && !keys && m.half_kv_) m.widened_keys_.fetch_add(n_keys, std::memory_order_relaxed);
+  void count_widened(bool together, int64_t n_keys, const float* keys, int worker) {
+    if (together && !keys && m.half_kv_) workers[worker].widened += n_keys;
   }
   // Row b's slot's fp32 keys and values of kv head g (positions 0..), or nulls (not in a run).
   std::pair<const float*, const float*> keys_of(int64_t b, int64_t g) const {
     if (run_of.empty() || run_of[b] < 0) return {nullptr, nullptr};
     const Run& run = runs[run_of[b]];
-    const float* keys = kv32.get() + run.at + g * run.keys * m.d;
+    const float* keys = kv32 + run.at + g * run.keys * m.d;
     return {keys, keys + kv32_values};
   }
 
@@ -833,6 +850,13 @@ class StepWork : public PhasedWork {
   const int64_t Nqkv;
   std::vector<AttentionScratch> scratch;  // one per worker
   std::vector<XPack> packs;  // one per worker: the bf16 tiles of the input of the phase it last packed
+  // One per worker, a cache line each (written by its own thread only): the keys it widened for prompt
+  // attention (NativeDecoder::widened_keys sums them after the step; before, a shared atomic that both
+  // threads' qkv and attention tasks bumped).
+  struct alignas(64) Worker {
+    int64_t widened = 0;
+  };
+  std::vector<Worker> workers;
   const bool decoding;  // <= 8 rows: decoding batches (attend() per row; else attend_rows per 16 rows)
   // Each qkv task writes the k/v rows it computed into the cache (write_own_kv; the k/v phase is then
   // empty), its units whole heads of k and v: in decoding batches every unit a multiple of head_dim
@@ -944,6 +968,7 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
   argmax_keys_.assign(threads * argmax_stride_, 0);
   StepWork work(*this, T, pos, slot, rows, n, buffers, threads);
   pool_.run(work, threads);
+  widened_keys_ += work.widened();
   argmax_.resize(n);
   for (int64_t i = 0; i < n; ++i) {
     uint64_t best = 0;
@@ -1008,6 +1033,7 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("set_widen_once", &voxlane::NativeDecoder::set_widen_once)
       .def("widen_once", &voxlane::NativeDecoder::widen_once)
       .def("widened_keys", &voxlane::NativeDecoder::widened_keys)
+      .def("kv32_allocations", &voxlane::NativeDecoder::kv32_allocations)
       .def("set_int16_activations", &voxlane::NativeDecoder::set_int16_activations)
       .def("int16_activations", &voxlane::NativeDecoder::int16_activations)
       .def("r16_bytes", &voxlane::NativeDecoder::r16_bytes)
