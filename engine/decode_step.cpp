@@ -982,16 +982,14 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
 
 }  // namespace voxlane
 
-// A greedy decode step and expect_step as plain C functions, called through ctypes by the engine's
-// loop (engine/native_step.py): after a step has streamed its ~100 MB of weights through the caches,
+// A greedy step (decode rows, prompt chunks or both) and expect_step as plain C functions, called through
+// ctypes by the engine's loop (engine/native_step.py): after a step has streamed its ~100 MB of weights through the caches,
 // calling a custom-class method from Python took 60-100 us at load 4 (its call path is out of cache:
 // argument matching, IValue conversions, the returned tensor's wrapping), a ctypes call 10-17 us.
-// inputs: tokens, positions, slots and logit rows of a decode batch, [B] int64 each, one after another;
-// argmax: [B], each row's argmax (the logits themselves are not returned). Returns nullptr, or the
-// error's message (valid until this thread's next call).
-// A greedy step through ctypes (engine/native_step.py's GreedyCalls): rows [3, T] (token ids, positions,
-// slots) and the L logit rows -> each logit row's argmax (the step's logits stay here). A decode batch
-// is T = L rows, a prompt's step T rows of which its chunks' last ones want a token.
+// rows: [3, T] int64 (token ids, positions, slots); logit_rows: [L]; argmax: [L], each logit row's argmax
+// (the logits themselves are not returned). A decode batch is T = L rows; a prompt's step has T rows, of
+// which its chunks' last ones want a token. Returns nullptr, or the error's message (valid until this
+// thread's next call).
 extern "C" const char* voxlane_greedy_rows(voxlane::NativeDecoder* decoder, int64_t* rows, int64_t T,
                                            int64_t* logit_rows, int64_t L, int64_t* argmax) {
   thread_local std::string error;
