@@ -430,6 +430,20 @@ def test_greedy_prompts_take_the_steps_argmax(native_model, monkeypatch, B):
     assert calls == [1]
 
 
+def test_a_greedy_chunk_that_does_not_end_its_prompt_samples_nothing(native_model):
+    """A greedy step of one prompt chunk before the prompt's end (no logit rows: ``GreedyCalls.rows`` with
+    L = 0) writes its k/v and gives no token; the next chunk, which ends the prompt, gives the first."""
+    from engine.scheduler import StepPlan
+    from engine.sequence import Sequence
+
+    runner = ModelRunner(native_model, KVCache(native_model.args, 2, 64, torch.float32))
+    seq = Sequence(1, list(range(200, 230)), SamplingParams(temperature=0.0))
+    seq.slot = 0
+    assert runner.run(StepPlan(prefills=[(seq, 0, 16)])).tokens == []
+    assert runner.kv_cache._initialized[0] == 16
+    assert [s.id for s, _ in runner.run(StepPlan(prefills=[(seq, 16, 30)])).tokens] == [1]
+
+
 def test_decode_steps_write_their_inputs_into_the_same_tensors(native_model):
     """A decode batch's tokens, positions, slots and logit rows go to the one-call step in tensors made once
     per batch size and rewritten in place (four new tensors a step were ~14 us of the engine's Python)."""
