@@ -55,14 +55,19 @@ def per_chunk(logits: Tensor | None, num_chunks: int, wanted: list[int], num_inn
 
 
 def step_rows(chunks: list[tuple[int, list[int], int, bool]], slots: list[int], token_ids: list[int],
-              positions: list[int]) -> tuple[list[int], list[int], list[int], list[int]]:
+              positions: list[int], inner_rows: list[int] | None = None
+              ) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
     """The one-call step's rows: the prompt chunks' tokens (slot, token ids, start, want_logits), then a
-    decode batch's -> (token ids, positions, slots, each chunk's last row)."""
+    decode batch's -> (token ids, positions, slots, the chunks that want logits, the logit rows: those
+    chunks' last rows, then ``inner_rows``, then the decode rows)."""
     tokens = [t for _, ids, _, _ in chunks for t in ids] + list(token_ids)
     rows_positions = [start + i for _, ids, start, _ in chunks for i in range(len(ids))] + list(positions)
     rows_slots = [slot for slot, ids, _, _ in chunks for _ in ids] + list(slots)
     ends = [end - 1 for end in itertools.accumulate(len(ids) for _, ids, _, _ in chunks)]
-    return tokens, rows_positions, rows_slots, ends
+    wanted = [i for i, chunk in enumerate(chunks) if chunk[3]]
+    prompt_rows = len(tokens) - len(slots)
+    logit_rows = [ends[i] for i in wanted] + list(inner_rows or []) + list(range(prompt_rows, len(tokens)))
+    return tokens, rows_positions, rows_slots, wanted, logit_rows
 
 
 # How long the one-call step's helper threads stay awake for a step the engine says follows (expect_step):
@@ -139,14 +144,10 @@ class ModelRunner:
         seqs = plan.decode
         slots, positions = [s.slot for s in seqs], [s.num_tokens - 1 for s in seqs]
         if chunks:
-            tokens, rows_positions, rows_slots, ends = step_rows(chunks, slots, [s.last_token for s in seqs],
-                                                                 positions)
-            wanted = [i for i, chunk in enumerate(chunks) if chunk[3]]
-            prompt_rows = len(tokens) - len(seqs)
-            found = self.greedy_calls.rows(tokens, rows_positions, rows_slots,
-                                           [ends[i] for i in wanted] + list(range(prompt_rows, len(tokens))))
-            for slot, ids, start, _ in chunks:
-                self.kv_cache.note_written(slot, start + len(ids))
+            tokens, rows_positions, rows_slots, wanted, logit_rows = step_rows(
+                chunks, slots, [s.last_token for s in seqs], positions)
+            found = self.greedy_calls.rows(tokens, rows_positions, rows_slots, logit_rows)
+            self._note_chunks(chunks)
             sampled = [plan.prefills[i][0] for i in wanted] + seqs
         else:
             found = self.greedy_calls.step([s.last_token for s in seqs], positions, slots)
@@ -210,8 +211,7 @@ class ModelRunner:
         tokens = torch.tensor([[t for _, ids, _, _ in chunks for t in ids]])  # [1, T]
         positions = torch.cat([b.positions for b in batches], dim=1)  # [1, T]
         hidden = self.model(tokens, positions, self.kv_cache.tensors, batch)  # [1, T, D]
-        for slot, ids, start, _ in chunks:
-            self.kv_cache.note_written(slot, start + len(ids))
+        self._note_chunks(chunks)
         ends = torch.tensor(lengths).cumsum(0) - 1  # each chunk's last token on the packed axis
         wanted = [i for i, chunk in enumerate(chunks) if chunk[3]]
         rows = torch.cat([ends[wanted], torch.tensor(inner_rows or [], dtype=torch.long)])
@@ -227,18 +227,14 @@ class ModelRunner:
         a row with its own slot and position (a chunk's rows attend each other causally through the
         cache). -> (each chunk's last-token logits or None, then ``inner_rows``' logits (as
         ``prefill_many``), the decode rows' logits [B, V])."""
-        tokens, rows_positions, rows_slots, chunk_ends = step_rows(chunks, slots, token_ids, positions)
-        ends = torch.tensor(chunk_ends, dtype=torch.long)
-        wanted = [i for i, chunk in enumerate(chunks) if chunk[3]]
-        prompt_rows = sum(len(ids) for _, ids, _, _ in chunks)
-        inner = torch.tensor(inner_rows or [], dtype=torch.long)
-        logit_rows = torch.cat([ends[wanted], inner, torch.arange(prompt_rows, prompt_rows + len(slots))])
+        tokens, rows_positions, rows_slots, wanted, logit_rows = step_rows(chunks, slots, token_ids, positions,
+                                                                           inner_rows)
         logits = self.decoder.step(torch.tensor(tokens), torch.tensor(rows_positions), torch.tensor(rows_slots),
-                                   logit_rows)
-        for slot, ids, start, _ in chunks:
-            self.kv_cache.note_written(slot, start + len(ids))
+                                   torch.tensor(logit_rows, dtype=torch.long))
+        self._note_chunks(chunks)
         self._note_decoded(slots, positions)
-        return per_chunk(logits, len(chunks), wanted, len(inner)), logits[len(wanted) + len(inner):]
+        inner = len(inner_rows or [])
+        return per_chunk(logits, len(chunks), wanted, inner), logits[len(wanted) + inner:]
 
     @torch.inference_mode()
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> Tensor:
@@ -264,6 +260,11 @@ class ModelRunner:
         hidden = self._decode_forward(torch.tensor(token_ids).unsqueeze(1), pos, self.kv_cache.tensors, batch)
         self._note_decoded(slots, positions)
         return self.model.logits(hidden[:, 0])
+
+    def _note_chunks(self, chunks: list[tuple[int, list[int], int, bool]]) -> None:
+        """A step wrote each prompt chunk's k/v at positions start.. of its slot."""
+        for slot, ids, start, _ in chunks:
+            self.kv_cache.note_written(slot, start + len(ids))
 
     def _note_decoded(self, slots: list[int], positions: list[int]) -> None:
         """A decode step wrote each row's new token's k/v at its position in its slot."""
