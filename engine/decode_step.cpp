@@ -458,12 +458,11 @@ class StepWork : public PhasedWork {
     }
   }
 
-  // The rows of phase p: T, or in the last layer after its qkv last_rows.
-  int64_t rows_of(int64_t p) const {
-    return p / kPerLayer == m.layers - 1 && p % kPerLayer >= 3 ? last_rows : T;
-  }
-  // Whether phase p (or a layer's phase of kind >= 3) works on the gathered rows.
+  // Whether phase p (or a layer's phase of kind >= 3) works on the gathered rows: the last layer's after
+  // its qkv, when last_rows < T.
   bool gathered(int64_t p) const { return last_rows < T && p / kPerLayer == m.layers - 1 && p % kPerLayer >= 3; }
+  // The rows of phase p: last_rows where it works on the gathered rows, else T.
+  int64_t rows_of(int64_t p) const { return gathered(p) ? last_rows : T; }
 
   int64_t max_chunk(int64_t p) const override {
     if (p >= m.layers * kPerLayer) return p == m.layers * kPerLayer ? 1 : head_chunk;
@@ -562,9 +561,10 @@ class StepWork : public PhasedWork {
   // The final norm of the rows whose logits are wanted, gathered.
   void final_norm() const {
     const int64_t D = m.D;
+    const bool gathered_rows = last_rows < T;  // logit row i is row i of buf.last and delta
     for (int64_t i = 0; i < n_logits; ++i) {
-      const int64_t r = last_rows < T ? i : logit_rows[i];  // gathered: row i
-      m.add_and_norm((last_rows < T ? buf.last : buf.residual) + r * D, buf.delta + r * D, m.final_norm,
+      const int64_t r = gathered_rows ? i : logit_rows[i];
+      m.add_and_norm((gathered_rows ? buf.last : buf.residual) + r * D, buf.delta + r * D, m.final_norm,
                      buf.h_logits + i * D, 1);
     }
     quantize_input(buf.h_logits, 0, n_logits, buf.logitq, buf.logiti);
@@ -983,9 +983,9 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
 }  // namespace voxlane
 
 // A greedy step (decode rows, prompt chunks or both) and expect_step as plain C functions, called through
-// ctypes by the engine's loop (engine/native_step.py): after a step has streamed its ~100 MB of weights through the caches,
-// calling a custom-class method from Python took 60-100 us at load 4 (its call path is out of cache:
-// argument matching, IValue conversions, the returned tensor's wrapping), a ctypes call 10-17 us.
+// ctypes by the engine's loop (engine/native_step.py): after a step has streamed its ~100 MB of weights
+// through the caches, calling a custom-class method from Python took 60-100 us at load 4 (its call path is
+// out of cache: argument matching, IValue conversions, the returned tensor's wrapping), a ctypes call 10-17 us.
 // rows: [3, T] int64 (token ids, positions, slots); logit_rows: [L]; argmax: [L], each logit row's argmax
 // (the logits themselves are not returned). A decode batch is T = L rows; a prompt's step has T rows, of
 // which its chunks' last ones want a token. Returns nullptr, or the error's message (valid until this
