@@ -93,6 +93,14 @@ struct Linear {
         for (int64_t n = n0; n < n1; ++n) y[m * ldy + n] += bias[n];
   }
 
+  // Whether run() with xi reads xi only, never x, for any rows [n0, n1) that are whole groups of 16: every
+  // segment in the R16 layout and in whole groups (else its rows are unpacked and multiply x or xq).
+  bool reads_only_xi() const {
+    for (size_t i = 0; i < parts.size(); ++i)
+      if (!r16[i].data || bases[i] % r16::kRows || parts[i].rows % r16::kRows) return false;
+    return !parts.empty();
+  }
+
   // The first 4 KB that run(rows [n0, n1), descending) reads of its first segment, asked for ahead.
   void prefetch(int64_t n0, int64_t n1, bool descending) const {
     for (size_t i = 0; i < parts.size(); ++i) {
@@ -282,6 +290,16 @@ class NativeDecoder : public torch::CustomClassHolder {
   int64_t widened_keys() const { return widened_keys_; }
   // Times StepWork::kv32's buffer was allocated (grown) since the decoder was made (tests: kept between steps).
   int64_t kv32_allocations() const { return kv32_allocations_; }
+  // A gate/up task's gate and up outputs and silu(gate) * up in its worker's own scratch (on, where down
+  // reads only the int16 blocks of act: StepWork::act_local), or in the step's shared gate_up and act
+  // buffers (off: as before; tests compare the two); and the floats of the workers' scratch (tests).
+  void set_act_scratch(bool on) { act_scratch_ = on; }
+  bool act_scratch() const { return act_scratch_; }
+  int64_t act_scratch_floats() const {
+    int64_t n = 0;
+    for (const ActScratch& s : act_scratch_slots_) n += s.floats;
+    return n;
+  }
 
   // Profiling: CPU time summed over threads per phase kind (input norm, qkv, k/v write, attention,
   // o_proj, post norm, gate/up + SiLU, down, final norm, LM head), in ms, since the last reset.
@@ -327,6 +345,23 @@ class NativeDecoder : public torch::CustomClassHolder {
   // StepWork::kv32's storage (floats): grown, kept (a prompt step allocated its own before).
   std::unique_ptr<float[]> kv32_;
   int64_t kv32_capacity_ = 0, kv32_allocations_ = 0;
+  // Per worker, the gate/up tasks' scratch (StepWork::act_local): grown by its own worker, kept; a cache
+  // line each for the slots (read by every task of their worker, written when one grows).
+  struct alignas(64) ActScratch {
+    std::unique_ptr<float[]> data;
+    float* at = nullptr;  // data's first 64-byte-aligned float
+    int64_t floats = 0;
+    float* get(int64_t n) {
+      if (n > floats) {
+        data.reset(new float[n + 16]);
+        at = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(data.get()) + 63) & ~uintptr_t{63});
+        floats = n;
+      }
+      return at;
+    }
+  };
+  std::vector<ActScratch> act_scratch_slots_;
+  bool act_scratch_ = true;
   int64_t r16_bytes_ = 0;
   std::array<std::atomic<int64_t>, 10> profile_ns_{};
   int64_t step_ns_ = 0;  // profiling: ns in step() calls
@@ -414,7 +449,8 @@ class StepWork : public PhasedWork {
         act_chunk(task_rows(m.I, kActRows, threads) / kActRows),
         head_chunk(decoding ? task_rows(m.head.rows, kHeadRows, threads) / head_unit : kPromptHeadUnits),
         head_tasks(threads > 1 && T * m.Hkv < 4 * threads ? m.H / m.Hkv : 1),
-        last_rows(last_layer_rows(m, T, n_logits)) {
+        last_rows(last_layer_rows(m, T, n_logits)), act_local(act_local_of(m, buffers)) {
+    if (act_local && static_cast<int64_t>(m.act_scratch_slots_.size()) < threads) m.act_scratch_slots_.resize(threads);
 #if defined(VOXLANE_GEMM)
     if (!decoding && m.half_kv_ && kv_in_qkv && m.d <= 128 && m.widen_once_) find_runs();
 #endif
@@ -435,6 +471,22 @@ class StepWork : public PhasedWork {
     if (!m.last_rows_only_ || m.bf16_activations_ || n >= T) return T;
     if (n == 0) return 0;
     return T > 8 ? std::min(T, std::max(n, kLastMinRows)) : T;
+  }
+
+  // Whether the gate/up tasks keep their gate and up outputs and silu(gate) * up in their worker's scratch
+  // (NativeDecoder::ActScratch; the step's gate_up and act buffers are then not allocated) instead of the
+  // shared buffers: where act's int16 blocks are down's only input (int16 activations, every layer's down
+  // in whole R16 groups), and NativeDecoder::set_act_scratch is on. Why: the shared buffers' rows
+  // (gate_up 43 x 3,088 floats, act 43 x 1,536 for a 43-token prompt: ~0.8 MB a layer) were written by
+  // whichever core's task took their columns in the layer before, so a task's writes asked the other core
+  // for the lines (a read for ownership each), and on one thread they pushed ~0.8 MB a layer through L2
+  // that nobody read after the task; a task's scratch (its columns only: 43 x (2 x 128 + 16) floats,
+  // ~46 KB) stays in its own core's L1 / L2. The same products and SiLU, so the same acti, bit for bit.
+  static bool act_local_of(const NativeDecoder& m, const StepBuffers& buf) {
+    if (!m.act_scratch_ || !buf.acti.q1 || buf.actq.q) return false;
+    for (const Layer& layer : m.layer_)
+      if (!layer.down.reads_only_xi()) return false;
+    return true;
   }
 
   int64_t phases() const override { return m.layers * kPerLayer + 2; }
@@ -597,6 +649,7 @@ class StepWork : public PhasedWork {
       case 5: return post_norm(p, r0, r1);
       case 6: {  // gate rows i and up rows I + i by the same task: silu(gate) * up needs no other phase
         const int64_t a0 = u0 * kActRows, a1 = std::min(I, u1 * kActRows);
+        if (act_local) return gate_up_local(layer, M, a0, a1, worker, p, descending);
         const int64_t ld = gate_up_stride(I);
         layer.gate_up.run(buf.h, M, buf.gate_up, ld, a0, a1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi), descending);
         layer.gate_up.run(buf.h, M, buf.gate_up, ld, I + a0, I + a1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi),
@@ -617,6 +670,23 @@ class StepWork : public PhasedWork {
       default: return layer.down.run(buf.act, M, buf.delta, D, u0 * kRows, std::min(D, u1 * kRows), q8(buf.actq),
                                      pack(worker, p), bf16x, i16(buf.acti), descending);
     }
+  }
+
+  // Gate/up columns [a0, a1) of M rows (act_local): row b's gate values at s + b ld, its up values w
+  // further (w = a1 - a0, ld = 2 w + 16: the 16 as gate_up_stride's), silu(gate) * up written over the
+  // gate values, then quantized into acti's blocks [a0, a1) of every row, as the shared buffers' path does.
+  void gate_up_local(const Layer& layer, int64_t M, int64_t a0, int64_t a1, int worker, int64_t p, bool descending) {
+    const int64_t I = m.I, w = a1 - a0, ld = 2 * w + 16;
+    float* s = m.act_scratch_slots_[worker].get(M * ld);
+    // run() writes y[b ldy + n] for its rows n: columns a0 (gate) and I + a0 (up) at s and s + w.
+    const auto at = [&](float* base, int64_t n0) {
+      return reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(base) - n0 * sizeof(float));
+    };
+    layer.gate_up.run(buf.h, M, at(s, a0), ld, a0, a1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi), descending);
+    layer.gate_up.run(buf.h, M, at(s + w, I + a0), ld, I + a0, I + a1, q8(buf.hq), pack(worker, p), bf16x,
+                      i16(buf.hi), descending);
+    for (int64_t b = 0; b < M; ++b) silu_mul_into(s + b * ld, s + b * ld + w, s + b * ld, w);
+    for (int64_t c = a0; c < a1; c += r16::kBlock) r16::quantize_column(s + (c - a0), M, ld, buf.acti, c);
   }
 
   // Layer l's attention over the cache (its elements KV: the decoder's float or kv::Half).
@@ -877,6 +947,7 @@ class StepWork : public PhasedWork {
   // enough (row, kv head) pairs for the threads): a batch-1 step of SmolLM2 has 3 kv heads for 2 threads.
   const int64_t head_tasks;
   const int64_t last_rows;  // last_layer_rows
+  const bool act_local;     // act_local_of
 };
 
 // The quantized activation blocks of the step's four matrix inputs (h, attn, act, h_logits) in one int8
@@ -925,7 +996,6 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
   const int64_t Nqkv = (H + 2 * Hkv) * d, V = head.rows;
   at::Tensor residual = at::empty({T, D}, f32), h = at::empty({T, D}, f32), delta = at::empty({T, D}, f32);
   at::Tensor qkv = at::empty({T, Nqkv}, f32), attn = at::empty({T, H * d}, f32);
-  at::Tensor gate_up = at::empty({T, gate_up_stride(I)}, f32), act = at::empty({T, I}, f32);
   at::Tensor h_logits = at::empty({n, D}, f32), logits = at::empty({n, V}, f32), rope = at::empty({2, T, d}, f32);
   float* cos_b = rope.data_ptr<float>();
   float* sin_b = cos_b + T * d;
@@ -938,8 +1008,8 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
   const int64_t last_rows = StepWork::last_layer_rows(*this, T, n);
   at::Tensor last = at::empty({last_rows < T ? last_rows : 0, D}, f32);
   StepBuffers buffers{residual.data_ptr<float>(), h.data_ptr<float>(), delta.data_ptr<float>(),
-                      qkv.data_ptr<float>(), attn.data_ptr<float>(), gate_up.data_ptr<float>(),
-                      act.data_ptr<float>(), h_logits.data_ptr<float>(), logits.data_ptr<float>(), cos_b, sin_b,
+                      qkv.data_ptr<float>(), attn.data_ptr<float>(), nullptr,
+                      nullptr, h_logits.data_ptr<float>(), logits.data_ptr<float>(), cos_b, sin_b,
                       last.data_ptr<float>(), {}, {}, {}, {}, {}, {}, {}, {}};
   // Int8 activations: the four inputs' Q8 blocks (q bytes, then d and s per block); int16: their int16
   // blocks (q1 and q2 bytes, then s, sx and sumq per block) in decoding batches (T <= 8), and for the
@@ -964,6 +1034,11 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
                                  return r16::rows_over(q, sc, rows, width, b12 ? 12 : 16);
                                });
   }
+  // The shared gate_up and act buffers, where the gate/up tasks do not keep them in their scratch.
+  const int64_t act_rows = StepWork::act_local_of(*this, buffers) ? 0 : T;
+  at::Tensor gate_up = at::empty({act_rows, gate_up_stride(I)}, f32), act = at::empty({act_rows, I}, f32);
+  buffers.gate_up = gate_up.data_ptr<float>();
+  buffers.act = act.data_ptr<float>();
   argmax_stride_ = n + 8;
   argmax_keys_.assign(threads * argmax_stride_, 0);
   StepWork work(*this, T, pos, slot, rows, n, buffers, threads);
@@ -1028,6 +1103,9 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("bf16_activations", &voxlane::NativeDecoder::bf16_activations)
       .def("set_last_rows_only", &voxlane::NativeDecoder::set_last_rows_only)
       .def("last_rows_only", &voxlane::NativeDecoder::last_rows_only)
+      .def("set_act_scratch", &voxlane::NativeDecoder::set_act_scratch)
+      .def("act_scratch", &voxlane::NativeDecoder::act_scratch)
+      .def("act_scratch_floats", &voxlane::NativeDecoder::act_scratch_floats)
       .def("set_widen_once", &voxlane::NativeDecoder::set_widen_once)
       .def("widen_once", &voxlane::NativeDecoder::widen_once)
       .def("widened_keys", &voxlane::NativeDecoder::widened_keys)
