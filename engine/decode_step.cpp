@@ -295,6 +295,10 @@ class NativeDecoder : public torch::CustomClassHolder {
   // buffers (off: as before; tests compare the two); and the floats of the workers' scratch (tests).
   void set_act_scratch(bool on) { act_scratch_ = on; }
   bool act_scratch() const { return act_scratch_; }
+  // A prompt's attention outputs in the worker's scratch where o_proj reads only their int16 blocks (on:
+  // StepWork::attn_local), or in the step's shared attn (off: as before).
+  void set_attn_scratch(bool on) { attn_scratch_ = on; }
+  bool attn_scratch() const { return attn_scratch_; }
   int64_t act_scratch_floats() const {
     int64_t n = 0;
     for (const ActScratch& s : act_scratch_slots_) n += s.floats;
@@ -362,6 +366,7 @@ class NativeDecoder : public torch::CustomClassHolder {
   };
   std::vector<ActScratch> act_scratch_slots_;
   bool act_scratch_ = true;
+  bool attn_scratch_ = true;
   int64_t r16_bytes_ = 0;
   std::array<std::atomic<int64_t>, 10> profile_ns_{};
   int64_t step_ns_ = 0;  // profiling: ns in step() calls
@@ -449,8 +454,10 @@ class StepWork : public PhasedWork {
         act_chunk(task_rows(m.I, kActRows, threads) / kActRows),
         head_chunk(decoding ? task_rows(m.head.rows, kHeadRows, threads) / head_unit : kPromptHeadUnits),
         head_tasks(threads > 1 && T * m.Hkv < 4 * threads ? m.H / m.Hkv : 1),
-        last_rows(last_layer_rows(m, T, n_logits)), act_local(act_local_of(m, buffers)) {
-    if (act_local && static_cast<int64_t>(m.act_scratch_slots_.size()) < threads) m.act_scratch_slots_.resize(threads);
+        last_rows(last_layer_rows(m, T, n_logits)), act_local(act_local_of(m, buffers, decoding)),
+        attn_local(attn_local_of(m, buffers, decoding)) {
+    if ((act_local || attn_local) && static_cast<int64_t>(m.act_scratch_slots_.size()) < threads)
+      m.act_scratch_slots_.resize(threads);
 #if defined(VOXLANE_GEMM)
     if (!decoding && m.half_kv_ && kv_in_qkv && m.d <= 128 && m.widen_once_) find_runs();
 #endif
@@ -473,19 +480,31 @@ class StepWork : public PhasedWork {
     return T > 8 ? std::min(T, std::max(n, kLastMinRows)) : T;
   }
 
-  // Whether the gate/up tasks keep their gate and up outputs and silu(gate) * up in their worker's scratch
-  // (NativeDecoder::ActScratch; the step's gate_up and act buffers are then not allocated) instead of the
-  // shared buffers: where act's int16 blocks are down's only input (int16 activations, every layer's down
-  // in whole R16 groups), and NativeDecoder::set_act_scratch is on. Why: the shared buffers' rows
-  // (gate_up 43 x 3,088 floats, act 43 x 1,536 for a 43-token prompt: ~0.8 MB a layer) were written by
-  // whichever core's task took their columns in the layer before, so a task's writes asked the other core
-  // for the lines (a read for ownership each), and on one thread they pushed ~0.8 MB a layer through L2
-  // that nobody read after the task; a task's scratch (its columns only: 43 x (2 x 128 + 16) floats,
-  // ~46 KB) stays in its own core's L1 / L2. The same products and SiLU, so the same acti, bit for bit.
-  static bool act_local_of(const NativeDecoder& m, const StepBuffers& buf) {
-    if (!m.act_scratch_ || !buf.acti.q1 || buf.actq.q) return false;
+  // Whether a prompt chunk's gate/up tasks keep their gate and up outputs and silu(gate) * up in their
+  // worker's scratch (NativeDecoder::ActScratch; the step's gate_up and act buffers are then not allocated)
+  // instead of the shared buffers: where act's int16 blocks are down's only input (int16 activations,
+  // every layer's down in whole R16 groups), and NativeDecoder::set_act_scratch is on. Why: a task's 128
+  // columns of the shared buffers are 43 rows x 512 B spread over 43 rows of 12 KB (gate_up) and 6 KB
+  // (act): ~130 4 KB pages and ~0.8 MB a layer that nobody reads after the task, written where the other
+  // core's task may have written them the layer before; a task's scratch (43 x (2 x 128 + 16) floats, ~46
+  // KB, 12 pages) stays in its own core's L1 / L2. The same products and SiLU, so the same acti, bit for
+  // bit. Measured (docs/engine.md, fifteenth session): the gate/up phase's CPU 0.95x on one thread.
+  // Decoding batches (<= 8 rows) keep the shared buffers (not measured there).
+  static bool act_local_of(const NativeDecoder& m, const StepBuffers& buf, bool decoding) {
+    if (decoding || !m.act_scratch_ || !buf.acti.q1 || buf.actq.q) return false;
     for (const Layer& layer : m.layer_)
       if (!layer.down.reads_only_xi()) return false;
+    return true;
+  }
+
+  // Whether a prompt's attention tasks (16 rows, a kv head) write their outputs into their worker's scratch
+  // and quantize them from there into attni, instead of writing the step's shared attn: where attni is
+  // o_proj's only input (int16 activations, o in whole R16 groups), in prompt chunks (not the last layer's
+  // gathered rows: attend_gathered copies rows of attn), and NativeDecoder::set_attn_scratch is on.
+  static bool attn_local_of(const NativeDecoder& m, const StepBuffers& buf, bool decoding) {
+    if (decoding || !m.attn_scratch_ || !buf.attni.q1 || buf.attnq.q) return false;
+    for (const Layer& layer : m.layer_)
+      if (!layer.o.reads_only_xi()) return false;
     return true;
   }
 
@@ -720,6 +739,15 @@ class StepWork : public PhasedWork {
             const int64_t b0 = (chunks(T, kRows) - 1 - rank / m.Hkv) * kRows, n = std::min(kRows, T - b0);
             const auto [keys, values] = keys_of(b0, g);
             count_widened(rows_together(args, b0, n), positions[b0] + n, keys, worker);
+            if (attn_local) {  // rows b0.. of the worker's scratch (its kv head's columns), then attni
+              const int64_t Hd = m.H * m.d, R = m.H / m.Hkv, c0 = g * R * m.d;
+              float* s = m.act_scratch_slots_[worker].get(n * Hd);
+              AttentionArgs<KV> a = args;
+              a.out = reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(s) - b0 * Hd * sizeof(float));
+              attend_rows(a, b0, n, g, scratch[worker], keys, values);
+              for (int64_t b = b0; b < b0 + n; ++b) r16::quantize(s + (b - b0) * Hd + c0, R * m.d, buf.attni.at_row(b), c0);
+              continue;
+            }
             attend_rows(args, b0, n, g, scratch[worker], keys, values);
             if (buf.attnq.q || buf.attni.q1)
               for (int64_t b = b0; b < b0 + n; ++b) quantize_heads(b * m.Hkv + g, 0, m.H / m.Hkv);
@@ -948,6 +976,7 @@ class StepWork : public PhasedWork {
   const int64_t head_tasks;
   const int64_t last_rows;  // last_layer_rows
   const bool act_local;     // act_local_of
+  const bool attn_local;    // attn_local_of
 };
 
 // The quantized activation blocks of the step's four matrix inputs (h, attn, act, h_logits) in one int8
@@ -1035,7 +1064,7 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
                                });
   }
   // The shared gate_up and act buffers, where the gate/up tasks do not keep them in their scratch.
-  const int64_t act_rows = StepWork::act_local_of(*this, buffers) ? 0 : T;
+  const int64_t act_rows = StepWork::act_local_of(*this, buffers, T <= 8) ? 0 : T;
   at::Tensor gate_up = at::empty({act_rows, gate_up_stride(I)}, f32), act = at::empty({act_rows, I}, f32);
   buffers.gate_up = gate_up.data_ptr<float>();
   buffers.act = act.data_ptr<float>();
@@ -1104,6 +1133,8 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("set_last_rows_only", &voxlane::NativeDecoder::set_last_rows_only)
       .def("last_rows_only", &voxlane::NativeDecoder::last_rows_only)
       .def("set_act_scratch", &voxlane::NativeDecoder::set_act_scratch)
+      .def("set_attn_scratch", &voxlane::NativeDecoder::set_attn_scratch)
+      .def("attn_scratch", &voxlane::NativeDecoder::attn_scratch)
       .def("act_scratch", &voxlane::NativeDecoder::act_scratch)
       .def("act_scratch_floats", &voxlane::NativeDecoder::act_scratch_floats)
       .def("set_widen_once", &voxlane::NativeDecoder::set_widen_once)
