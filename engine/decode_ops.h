@@ -408,20 +408,52 @@ inline void attend(const AttentionArgs<KV>& a, int64_t t, AttentionScratch& scra
 constexpr int64_t kBlockMinRows = 4;
 #if defined(VOXLANE_GEMM)
 
+// r[i] = column i of the 16 x 16 floats whose row i was r[i] (unpacks within 128-bit lanes, then lanes
+// exchanged twice: 64 shuffles). attend_rows16's queries into lanes and its outputs back into rows. Why:
+// those transposes were scalar (a load and a store per value, 2 x 3,072 a 16-row task of SmolLM2's).
+inline void transpose16(__m512 (&r)[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {  // t[2i], t[2i+1]: rows 2i and 2i+1 interleaved, per 128-bit lane
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // r[4i+j]: rows 4i..4i+3 of column 4k+j in each lane k
+    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+      t[8 * i + 4 + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+    r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd);
+  }
+}
+
 template <class KV>
 inline void attend_rows16(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int64_t g, const float* keys,
                           const float* values, AttentionScratch& scratch, float* out = nullptr) {
   if (!out) out = a.out + b0 * a.H * a.d;
   const int64_t H = a.H, Hkv = a.Hkv, d = a.d, R = H / Hkv, h0 = g * R;
   const int64_t p0 = a.positions[b0], n_keys = p0 + n;
-  scratch.q.assign(R * d * 16, 0.f);  // [R][d][16 rows]
+  scratch.q.resize(R * d * 16);  // [R][d][16 rows]: every value written below (rows n.. 0)
   scratch.scores.resize(n_keys * 16);  // one head's [n_keys][16 rows]
-  float head[128];
-  for (int64_t m = 0; m < n; ++m)
-    for (int64_t r = 0; r < R; ++r) {
-      rope_into(a.qkv + (b0 + m) * a.row + (h0 + r) * d, a.cos + (b0 + m) * d, a.sin + (b0 + m) * d, d, head);
-      for (int64_t i = 0; i < d; ++i) scratch.q[(r * d + i) * 16 + m] = head[i];
+  alignas(64) float heads[16][128];  // one query head's RoPE'd rows (rows n.. 0)
+  for (int64_t m = n; m < 16; ++m) std::fill_n(heads[m], d, 0.f);
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t m = 0; m < n; ++m)
+      rope_into(a.qkv + (b0 + m) * a.row + (h0 + r) * d, a.cos + (b0 + m) * d, a.sin + (b0 + m) * d, d, heads[m]);
+    for (int64_t i0 = 0; i0 < d; i0 += 16) {  // q[r][i][m] = heads[m][i], 16 x 16 at a time
+      __m512 block[16];
+      for (int m = 0; m < 16; ++m) block[m] = _mm512_load_ps(heads[m] + i0);
+      transpose16(block);
+      for (int i = 0; i < 16; ++i) _mm512_storeu_ps(scratch.q.data() + (r * d + i0 + i) * 16, block[i]);
     }
+  }
   const __m512 scale = _mm512_set1_ps(a.scale), minus_inf = _mm512_set1_ps(-INFINITY);
   const __m512i lane_pos = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(p0)),
                                             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
@@ -465,7 +497,7 @@ inline void attend_rows16(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int
         total[m] += e;
       }
     }
-    alignas(64) float inv[16], block[16][16];
+    alignas(64) float inv[16];
     for (int m = 0; m < 16; ++m) inv[m] = 1.f / total[m];
     const __m512 inv_v = _mm512_load_ps(inv);
     for (int64_t i0 = 0; i0 < d; i0 += 16) {
@@ -477,11 +509,9 @@ inline void attend_rows16(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int
 #pragma GCC unroll 16
         for (int ii = 0; ii < 16; ++ii) acc[ii] = _mm512_fmadd_ps(p, _mm512_set1_ps(v[ii]), acc[ii]);
       }
-      for (int ii = 0; ii < 16; ++ii) _mm512_store_ps(block[ii], _mm512_mul_ps(acc[ii], inv_v));
-      for (int64_t m = 0; m < n; ++m) {
-        float* o = out + m * H * d + (h0 + r) * d + i0;
-        for (int ii = 0; ii < 16; ++ii) o[ii] = block[ii][m];
-      }
+      for (int ii = 0; ii < 16; ++ii) acc[ii] = _mm512_mul_ps(acc[ii], inv_v);
+      transpose16(acc);  // acc[m]: row m's 16 dims
+      for (int64_t m = 0; m < n; ++m) _mm512_storeu_ps(out + m * H * d + (h0 + r) * d + i0, acc[m]);
     }
   }
 }

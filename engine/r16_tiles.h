@@ -153,10 +153,19 @@ inline void split_nibbles(const uint8_t* lines, int64_t nb, uint8_t* out) {
 
 // A Q4 group's lines -> the one-product B tiles [16 u | u] (per block, 1 KB: rows 0-3 16 x the low nibbles
 // of lines 0-3, rows 4-7 16 x the high ones (the line masked with 0xf0), rows 8-15 the same unscaled).
+// Each line is asked for kSplitAhead blocks before it is split. Why: the group's lines were prefetched
+// while the group before was multiplied, but its A rows (43 x 1,152 B for K = 576) and split pass through
+// L1 (48 KB) meanwhile, so the lines come back from L2 or further: perf of a one-thread 43-token prompt
+// (SmolLM2, 15th session) had matmul12's own samples (this split, inlined) at 19 % of the process's, ~58 %
+// of them on the instruction after a line's load. prompt_profile --threads 1 (load 4.5-5, 4 rounds):
+// gate/up + SiLU 14.86 ms (8 blocks ahead) / 15.20 (2) / 16.98 (none); at load ~1.5: 11.82 (2) vs 12.11.
+constexpr int64_t kSplitAhead = 8;
 inline void split_nibbles12(const uint8_t* lines, int64_t nb, uint8_t* out) {
   const __m512i low = _mm512_set1_epi8(0x0f), high = _mm512_set1_epi8(static_cast<char>(0xf0));
   for (int64_t b = 0; b < nb; ++b)
     for (int j = 0; j < 4; ++j) {
+      if (b + kSplitAhead < nb)
+        _mm_prefetch(reinterpret_cast<const char*>(lines + (4 * (b + kSplitAhead) + j) * 64), _MM_HINT_T0);
       const __m512i v = _mm512_loadu_si512(lines + (4 * b + j) * 64);
       uint8_t* o = out + 1024 * b + 64 * j;
       _mm512_store_si512(o, _mm512_and_si512(_mm512_slli_epi16(v, 4), high));
@@ -375,12 +384,17 @@ inline void by_rows(int r, Kernel&& kernel, Args&&... args) {
   }
 }
 
-// The most blocks of a Q4 group split for the one-product tiles at a time (1 KB each): a row of more
-// blocks (down's 48) runs in near-equal spans of at most this many, each split once and multiplied by every
-// 16 activation rows, so the split stays in L1 (48 KB here) next to the A rows. Why (`python -m
-// bench.linear_ab --int16`, SmolLM2's down, 576 x 1536, 1 thread): the whole group's 48 KB split took
-// 0.80x / 0.94x / 0.97x the two-product kernel's speed at 9 / 16 / 43 rows.
-constexpr int64_t kSplitBlocks = 24;
+// The most blocks of a Q4 group split for the one-product tiles at a time (1 KB each): a row of up to
+// kSplitBlocks blocks (SmolLM2's K = 576: 18) is split whole; a longer one (down's 48) runs in near-equal
+// spans of at most kSplitSpan blocks, each split once and multiplied by every 16 activation rows, so the
+// split stays in L1 (48 KB here) next to the A rows. A span's results are its row_block12 call's, which
+// goes on from the span before's y: the same fp32 steps in the same order whatever the spans. Why
+// (`python -m bench.linear_ab --int16`, SmolLM2's down, 576 x 1536, 1 thread): the whole group's 48 KB
+// split took 0.80x / 0.94x / 0.97x the two-product kernel's speed at 9 / 16 / 43 rows; and (15th session,
+// prompt_profile --threads 1, 43 tokens, alternating) down's four spans of 12 took 5.15-5.37 ms against
+// 5.55 in two of 24, while K = 576 in two spans of 9 made gate/up + SiLU 13.11 ms against 11.82 whole.
+constexpr int64_t kSplitBlocks = 24, kSplitSpan = 12;
+inline int64_t split_spans(int64_t nb) { return nb <= kSplitBlocks ? 1 : (nb + kSplitSpan - 1) / kSplitSpan; }
 
 // f(std::integral_constant<int, NB>) with NB = nb where row_block12 is compiled for it (SmolLM2-135M's rows
 // of K = 576 and 1536 values: 18 and 48 blocks), else NB = 0 (any nb, at run time). Why: the epilogue
@@ -396,8 +410,8 @@ __attribute__((always_inline)) inline void by_blocks(int64_t nb, F&& f) {
   f(std::integral_constant<int, 0>{});
 }
 
-// The one-product path of matmul (12-bit rows, Q4): every 16 rows of x against each group's spans of
-// <= kSplitBlocks blocks (split once for all of them), the first M - M % 16 rows in config12's slot 0 and
+// The one-product path of matmul (12-bit rows, Q4): every 16 rows of x against each group in
+// split_spans(nb) spans (each split once for all of them), the first M - M % 16 rows in config12's slot 0 and
 // the last M % 16 in slot 1 (M < 16: slot 0), one configuration for the call.
 template <class Lay>
 inline void matmul12(const Weight& w, const I16Rows& x, int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1,
@@ -411,7 +425,7 @@ inline void matmul12(const Weight& w, const I16Rows& x, int64_t M, float* y, int
       const uint8_t* group = w.group(g);
       const uint8_t* next = w.group(std::min(g + 1, groups - 1));
       const uint8_t* scales = group + w.lines_bytes;
-      const int64_t spans = (nb + kSplitBlocks - 1) / kSplitBlocks;
+      const int64_t spans = split_spans(nb);
       for (int64_t i = 0; i < spans; ++i) {
         const int64_t b0 = nb * i / spans, b1 = nb * (i + 1) / spans;
         split_nibbles12(group + b0 * Lay::kLines * 64, b1 - b0, sp);

@@ -99,8 +99,8 @@ def test_smollm2_tiles(tiles, smollm2_tensors, name, format, rows):
 @pytest.mark.parametrize("cols", [32, 608, 1568])
 def test_random_blocks(tiles, format, cols):
     """Every nibble / byte value and fp16 scales of both signs, 48 rows (3 groups), 1 block (no pair
-    of blocks for the two banks of tiles), 19 (an odd count) or 49 (Q4 on 12-bit rows: three spans of
-    16, 16 and 17 blocks split at a time, r16_tiles.h's kSplitBlocks); activations around 0 and around 1."""
+    of blocks for the two banks of tiles), 19 (an odd count) or 49 (Q4 on 12-bit rows: five spans of
+    9-10 blocks split at a time, r16_tiles.h's split_spans); activations around 0 and around 1."""
     g = torch.Generator().manual_seed(format * 5 + cols)
     weight = QuantWeight(format, random_blocks(format, 48, cols, g).contiguous(), cols)
     for mean in (0.0, 1.0):
@@ -113,7 +113,7 @@ def test_every_row_count(tiles, format):
     (1-16: the accumulators in registers), alone (M = 1-16) and as the last block after one or two full ones
     (M = 17-48; on 12-bit Q4 rows in the configuration's second slot of tiles), over 19 blocks (an odd
     count: the last block after the loop's pairs), 2 blocks (one pair: one per bank of A and B tiles), 48
-    (SmolLM2's down: two spans of 24 for Q4 on 12-bit rows; and row_block12 compiled for 48 blocks) and 18
+    (SmolLM2's down: four spans of 12 for Q4 on 12-bit rows; and row_block12 compiled for 48 blocks) and 18
     (SmolLM2's K = 576: compiled for 18). On 12-bit rows every count's outputs are within 2e-6 of their own
     size of the 12-bit twin; on int16 rows bit-equal to the VNNI kernel's on the same R16 bytes (the same
     integer sums and fp32 steps in the same order)."""
@@ -144,7 +144,7 @@ def test_rows_equal_one_at_a_time(tiles, format):
     and fp32 steps whatever rows share its call: every row count 1-48 (the full blocks of 16 in the
     configuration's first slot of tiles, the last M % 16 rows in its second; below 16 rows the first)
     bit-equal to the same rows multiplied one at a time (one row in the first slot), at K = 576 and 1536
-    (row_block12 compiled for 18 and 48 blocks, and 1536 in two spans of 24) and 608 and 64 (19 and 2
+    (row_block12 compiled for 18 and 48 blocks, and 1536 in four spans of 12) and 608 and 64 (19 and 2
     blocks, at run time). Between the calls the thread's tile configuration is the batch tiles' (a call of
     3 rows: load_config must load the prompt tiles' again), the same call's (consecutive M: no load needed
     when equal) or another row count's. A call that ran a row against another row's activations, scales or
