@@ -980,18 +980,18 @@ class StepWork : public PhasedWork {
 };
 
 // The quantized activation blocks of the step's four matrix inputs (h, attn, act, h_logits) in one int8
-// and one fp32 allocation: input i has rows[i] rows of widths[i] values (a multiple of 32), each value
-// `bytes` int8 bytes and each block of 32 `floats` fp32 words (scales, sums). make(q, scales, values,
+// and one fp32 allocation: input i has rows[i] rows of widths[i] values (a multiple of 32), bytes(rows,
+// width) int8 bytes and each block of 32 `floats` fp32 words (scales, sums). make(q, scales, values,
 // width) -> the input's Rows view of its pieces; an input without rows keeps its default (null: the
 // step does not quantize it).
-template <class Rows, class Make>
-static void carve_blocks(const int64_t (&widths)[4], std::array<int64_t, 4> rows, int bytes, int floats,
+template <class Rows, class Bytes, class Make>
+static void carve_blocks(const int64_t (&widths)[4], std::array<int64_t, 4> rows, Bytes bytes, int floats,
                          std::array<Rows*, 4> targets, at::Tensor& q_bytes, at::Tensor& q_scales, Make make) {
   constexpr int64_t kBlockValues = 32;  // kQ8 and r16::kBlock
   static_assert(kQ8 == kBlockValues && r16::kBlock == kBlockValues);
-  int64_t values = 0;
-  for (int i = 0; i < 4; ++i) values += rows[i] * widths[i];
-  q_bytes = at::empty({bytes * values}, at::TensorOptions().dtype(at::kChar));
+  int64_t values = 0, total = 0;
+  for (int i = 0; i < 4; ++i) values += rows[i] * widths[i], total += bytes(rows[i], widths[i]);
+  q_bytes = at::empty({total}, at::TensorOptions().dtype(at::kChar));
   q_scales = at::empty({floats * values / kBlockValues}, at::TensorOptions().dtype(at::kFloat));
   int8_t* q = q_bytes.data_ptr<int8_t>();
   float* sc = q_scales.data_ptr<float>();
@@ -999,7 +999,7 @@ static void carve_blocks(const int64_t (&widths)[4], std::array<int64_t, 4> rows
     const int64_t v = rows[i] * widths[i];
     if (!v) continue;
     *targets[i] = make(q, sc, v, widths[i]);
-    q += bytes * v;
+    q += bytes(rows[i], widths[i]);
     sc += floats * v / kBlockValues;
   }
 }
@@ -1049,18 +1049,20 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
   at::Tensor q_bytes, q_scales;
   const int64_t widths[4] = {D, H * d, I, D};
   if (int8_activations_) {
-    carve_blocks<Q8Rows>(widths, {T, T, T, n}, 1, 2, {&buffers.hq, &buffers.attnq, &buffers.actq, &buffers.logitq},
+    carve_blocks<Q8Rows>(widths, {T, T, T, n}, [](int64_t rows, int64_t width) { return rows * width; }, 2,
+                         {&buffers.hq, &buffers.attnq, &buffers.actq, &buffers.logitq},
                          q_bytes, q_scales, [](int8_t* q, float* sc, int64_t values, int64_t width) {
                            return Q8Rows{q, sc, sc + values / kQ8, width};
                          });
   } else if (const bool i16_tiles = r16::tiles_run(r16::kTileMinRows); int16_activations_ && (std::min(T, n) <= 8 || i16_tiles)) {
     const int64_t t = T <= 8 || i16_tiles ? T : 0;
-    carve_blocks<r16::I16Rows>(widths, {t, t, t, n <= 8 || i16_tiles ? n : 0}, 2, 3,
+    auto bits = [&](int64_t rows) { return i16_tiles && rows >= r16::kTileMinRows ? 12 : 16; };
+    auto bytes = [&](int64_t rows, int64_t width) { return r16::rows_bytes(rows, width, bits(rows)); };
+    carve_blocks<r16::I16Rows>(widths, {t, t, t, n <= 8 || i16_tiles ? n : 0}, bytes, 3,
                                {&buffers.hi, &buffers.attni, &buffers.acti, &buffers.logiti}, q_bytes, q_scales,
                                [&](int8_t* q, float* sc, int64_t values, int64_t width) {
                                  const int64_t rows = values / width;
-                                 const bool b12 = i16_tiles && rows >= r16::kTileMinRows;
-                                 return r16::rows_over(q, sc, rows, width, b12 ? 12 : 16);
+                                 return r16::rows_over(q, sc, rows, width, bits(rows));
                                });
   }
   // The shared gate_up and act buffers, where the gate/up tasks do not keep them in their scratch.

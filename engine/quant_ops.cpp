@@ -127,7 +127,8 @@ std::vector<at::Tensor> quantize_i16(const at::Tensor& x, int64_t how, int64_t b
                   how >= 0 && how <= 2 && (bits == 16 || bits == 12),
               "x: contiguous float32 [M, K % 32 == 0]; how 0, 1 or 2; bits 16 or 12");
   const int64_t M = x.size(0), K = x.size(1), nb = K / r16::kBlock;
-  at::Tensor bytes = at::empty({2 * M * K}, x.options().dtype(at::kChar)), scales = at::empty({3, M, nb}, x.options());
+  at::Tensor bytes = at::empty({r16::rows_bytes(M, K, static_cast<int>(bits))}, x.options().dtype(at::kChar)),
+             scales = at::empty({3, M, nb}, x.options());
   const r16::I16Rows rows = r16::rows_over(bytes.data_ptr<int8_t>(), scales.data_ptr<float>(), M, K, static_cast<int>(bits));
   const float* xp = x.data_ptr<float>();
   if (how == 1) {
@@ -139,8 +140,8 @@ std::vector<at::Tensor> quantize_i16(const at::Tensor& x, int64_t how, int64_t b
       for (int64_t c = 0; c < K; c += r16::kBlock) r16::quantize(xp + m * K + c, r16::kBlock, rows.at_row(m), c);
   }
   const at::Tensor s = scales[0], sx = scales[1], sumq = scales[2].view(at::kInt);
-  if (bits == 12) {  // each row's blocks as [q1 | q2]: q1 and q2 apart, [M, K] each
-    const at::Tensor blocks = bytes.view({M, nb, 2, r16::kBlock});
+  if (bits == 12) {  // each row's blocks as [q1 | q2] (a row every pitch12(K) bytes): q1 and q2 apart, [M, K] each
+    const at::Tensor blocks = bytes.view({M, r16::pitch12(K)}).narrow(1, 0, 2 * K).reshape({M, nb, 2, r16::kBlock});
     return {blocks.select(2, 0).reshape({M, K}), blocks.select(2, 1).reshape({M, K}), s, sx, sumq};
   }
   const at::Tensor halves = bytes.view({2, M, K});  // the rows' q1, then their q2
@@ -157,7 +158,7 @@ struct I16Input {
   r16::I16Rows rows;
   I16Input(const at::Tensor& x, int64_t cols, int bits = 16) {
     const int64_t M = x.size(0), nb = cols / r16::kBlock;
-    bytes = at::empty({2, M, cols}, x.options().dtype(at::kChar));
+    bytes = at::empty({r16::rows_bytes(M, cols, bits)}, x.options().dtype(at::kChar));
     scales = at::empty({3, M, nb}, x.options());
     float* sc = scales.data_ptr<float>();
     rows = r16::rows_over(bytes.data_ptr<int8_t>(), sc, M, cols, bits);
@@ -226,6 +227,7 @@ at::Tensor quant_linear_r16(const at::Tensor& x, const at::Tensor& w, int64_t fo
 }
 
 int64_t r16_tile_calls(int64_t bits) { return r16::tile_calls(static_cast<int>(bits)); }
+int64_t r16_pitch12(int64_t K) { return r16::pitch12(K); }  // the bytes between 12-bit rows of width K (tests)
 int64_t r16_batch_tile_calls() { return r16::batch_tile_calls(); }
 
 // Allow or forbid the batch tiles (r16_batch.h) in decoding batches -> whether they run now (allowed,
@@ -302,6 +304,7 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
   m.def("r16_vnni() -> bool", &voxlane::r16_vnni);
   m.def("quant_linear_r16(Tensor x, Tensor w, int format, int cols, int tiles) -> Tensor");
   m.def("r16_tile_calls(int bits=0) -> int", &voxlane::r16_tile_calls);
+  m.def("r16_pitch12(int K) -> int", &voxlane::r16_pitch12);
   m.def("r16_batch_tile_calls() -> int", &voxlane::r16_batch_tile_calls);
   m.def("set_r16_batch_tiles(bool allowed) -> bool", &voxlane::set_r16_batch_tiles);
   m.def("r16_layout(int format) -> bool", &voxlane::r16_layout);

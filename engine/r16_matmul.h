@@ -65,30 +65,49 @@ constexpr int kQMax12 = 2047;   // 12-bit blocks (prompt rows in AMX tiles, r16_
 // Rows of activations as int16 blocks: q1, q2 [rows, K] int8; s, sx [rows, K / 32] fp32; sumq
 // [rows, K / 32] int32 (row-major). Or, with bits == 12 (the AMX tiles' prompt rows, r16_tiles.h), as
 // 12-bit blocks: s = amax / 2047, Q = round(x / s) in [-2047, 2047], split Q = 16 q1 + q2 with q1 = Q >> 4
-// in [-128, 127] and q2 = Q & 15 in [0, 15]; q1 then holds [rows, 2K] bytes, block b of a row at 64 b: its
-// 32 q1 bytes, then its 32 q2 bytes (q2 = q1 + 32, so each is read with a row stride of 2K), which is a
-// tile row of one K = 64 product (A = [q1 | q2], B = [16 u | u]: sum Q u at once).
+// in [-128, 127] and q2 = Q & 15 in [0, 15]; q1 then holds rows of 2K bytes, block b of a row at 64 b: its
+// 32 q1 bytes, then its 32 q2 bytes (q2 = q1 + 32, so each is read with a row stride of pitch12(K) >= 2K),
+// which is a tile row of one K = 64 product (A = [q1 | q2], B = [16 u | u]: sum Q u at once).
 struct I16Rows {
   int8_t *q1 = nullptr, *q2 = nullptr;
   float *s = nullptr, *sx = nullptr;
   int32_t* sumq = nullptr;
   int64_t K = 0;
   int bits = 16;
+  int64_t pitch = 0;  // bits 12: bytes from a row's blocks to the next row's (rows_over: pitch12(K))
   int64_t blocks() const { return K / kBlock; }
-  int64_t stride() const { return bits == 12 ? 2 * K : K; }  // bytes from a row's q1 (q2) to the next row's
+  int64_t stride() const { return bits == 12 ? pitch : K; }  // bytes from a row's q1 (q2) to the next row's
   // Byte offset in a row of q1 (and q2) of the block that starts at value c (a multiple of 32).
   int64_t at(int64_t c) const { return bits == 12 ? 2 * c : c; }
   I16Rows at_row(int64_t m) const {
-    return {q1 + m * stride(), q2 + m * stride(), s + m * blocks(), sx + m * blocks(), sumq + m * blocks(), K, bits};
+    return {q1 + m * stride(), q2 + m * stride(), s + m * blocks(), sx + m * blocks(), sumq + m * blocks(), K, bits,
+            pitch};
   }
 };
 
-// `rows` rows of width K over one byte buffer q (2 rows x K bytes each: the rows' q1, then their q2 for
-// bits 16; for bits 12 each row's blocks as [q1 | q2], 64 bytes a block) and one fp32 buffer sc (3 x rows x
-// K / 32: s, sx, then sumq as int32): the layout of the one-call step's and the ops' quantized inputs.
+// The row pitch of 12-bit rows of width K: their 2K bytes, plus one 64-byte line where 2K / 64 lines share
+// a factor of 8 or more with the L1's 64 sets, so that the 16 rows of an AMX tile load (one block of each,
+// one line a row) fall in 16 different sets. Why: at 2K = 3072 bytes (SmolLM2's down, K = 1536: 48 lines)
+// the 16 rows of a block sat in 4 sets, 4 lines each, next to the split weights' lines: a same-process
+// harness (down by 43 rows, 1 thread, in cache, alternating) took 0.94-0.95x the time at a pitch of 3136
+// (49 lines) as at 3072, with spans of 24 or 12 blocks (docs/engine.md, fifteenth session). 2K = 1152
+// (K = 576: 18 lines, 16 sets) and Qwen's 1792 (28 lines, 16 sets) stay unpadded.
+inline int64_t pitch12(int64_t K) {
+  const int64_t lines = 2 * K / 64;
+  return lines % 8 == 0 ? 2 * K + 64 : 2 * K;
+}
+
+// Bytes of `rows` rows of width K (I16Rows with `bits`) in rows_over's layout.
+inline int64_t rows_bytes(int64_t rows, int64_t K, int bits) { return bits == 12 ? rows * pitch12(K) : 2 * rows * K; }
+
+// `rows` rows of width K over one byte buffer q (rows_bytes: 2 rows x K bytes each, the rows' q1, then
+// their q2 for bits 16; for bits 12 each row's blocks as [q1 | q2], 64 bytes a block, a row every
+// pitch12(K) bytes) and one fp32 buffer sc (3 x rows x K / 32: s, sx, then sumq as int32): the layout of the
+// one-call step's and the ops' quantized inputs.
 inline I16Rows rows_over(int8_t* q, float* sc, int64_t rows, int64_t K, int bits) {
   const int64_t values = rows * K, nb = values / kBlock;
-  return {q, bits == 12 ? q + kBlock : q + values, sc, sc + nb, reinterpret_cast<int32_t*>(sc + 2 * nb), K, bits};
+  return {q, bits == 12 ? q + kBlock : q + values, sc, sc + nb, reinterpret_cast<int32_t*>(sc + 2 * nb), K, bits,
+          bits == 12 ? pitch12(K) : 0};
 }
 
 // The split of Q: q1 = (Q + kRound) >> kShift (an arithmetic shift: floor), q2 = Q - (q1 << kShift), so

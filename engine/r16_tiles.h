@@ -8,7 +8,7 @@
 // 12-bit rows, Q4 (SmolLM2's body): ONE product per 32-value block, C[m][n] = sum_k A[m][k] B[k][n]
 // (TDPBSUD: A signed, B unsigned) with K = 64:
 //   A = [q1 | q2] of the block for up to 16 activation rows: 64 bytes where the I16Rows hold them (row
-//       stride 2K; no packing: the tile has as many rows as there are activation rows);
+//       stride pitch12(K) >= 2K; no packing: the tile has as many rows as there are activation rows);
 //   B = [16 u | u]: 16 rows of 16 weight rows x 4 consecutive K bytes (AMX's VNNI layout). A Q4 line j
 //       holds K 4j..4j+3 in its low nibbles and 16+4j.. in its high ones, so B rows 0-3 are the lines'
 //       low nibbles shifted up (16 u <= 240 fits the unsigned byte), 4-7 their high nibbles masked in
@@ -27,7 +27,7 @@
 //
 // Two products per block (int16 rows, and Q8_0 whatever the rows: 16 (q + 128) does not fit a byte):
 //   A = q1 (or q2) of up to 16 activation rows at block b: rows of 32 bytes, read in place (row stride K
-//       for int16 rows, 2K for 12-bit ones);
+//       for int16 rows, x.pitch for 12-bit ones);
 //   B = the block's 16 weight rows as columns, 8 rows of 16 x 4 consecutive K bytes: Q8_0's 8 lines (u =
 //       q + 128) are the B tile as they lie in the group (loaded with stride 64); a Q4 group's lines are
 //       split once into 8 B rows per block (split_nibbles: nb x 512 bytes).
@@ -314,8 +314,8 @@ __attribute__((noinline)) void row_block(const Weight& w, const uint8_t* bt, con
 }
 
 // row_block's one-product twin (12-bit rows, Q4) over blocks [b0, b1) (y's values are added to when b0 >
-// 0): per block A = [q1 | q2] (64 bytes a row, row stride 2K) and B = [16 u | u] (16 rows, bt: block b0's 1
-// KB) into one of two banks, one K = 64 product into the slot's C tile, one store, the epilogue
+// 0): per block A = [q1 | q2] (64 bytes a row, row stride x.pitch) and B = [16 u | u] (16 rows, bt: block
+// b0's 1 KB) into one of two banks, one K = 64 product into the slot's C tile, one store, the epilogue
 // (accumulate_row with Shift 0: one load per row, no shift or add). The same schedule: block b + 1's loads
 // and product are issued before block b's epilogue. Slot (config12): 0 = C tile 0 and A tiles 2, 3; 1 = C
 // tile 1 and A tiles 6, 7 (a call's last M % 16 rows). NB: the row's blocks (x's per-block s, sx, sumq
@@ -325,7 +325,7 @@ __attribute__((noinline)) void row_block12(const Weight& w, const uint8_t* bt, c
                                            const uint8_t* next, const I16Rows& x, float* y, int64_t ldy, int64_t b0,
                                            int64_t b1) {
   constexpr int kC = Slot, kA0 = Slot ? 6 : 2, kA1 = Slot ? 7 : 3;
-  const int64_t nb = NB ? NB : w.nblocks, lda = NB ? 2 * kBlock * NB : x.stride();
+  const int64_t nb = NB ? NB : w.nblocks, lda = x.stride();
   const int8_t* q = x.q1 + 2 * kBlock * b0;
   const float *s = x.s, *sx = x.sx;
   const int32_t* sumq = x.sumq;

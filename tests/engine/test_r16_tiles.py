@@ -167,6 +167,19 @@ def test_rows_equal_one_at_a_time(tiles, format):
                 assert torch.equal(tiles.quant_linear_r16(x[:M].contiguous(), packed, format, cols, 1), got)
 
 
+def test_row_pitch12(ops):
+    """12-bit rows (the tiles' prompt rows: the step's carve, quantize_i16, the ops' inputs) lie
+    r16::pitch12(K) bytes apart, which puts the 16 rows of an A tile load (the same block of each: one
+    64-byte line a row) in 16 different L1 sets (64 sets of 64-byte lines): 2K where that holds (K = 576:
+    18 lines; Qwen's 896: 28), else one line more (SmolLM2's down, K = 1536: 48 lines, whose 16 rows sat in
+    4 sets, 3136 = 49 lines; Qwen's 4864). Every K % 32 == 0 up to 8192."""
+    assert [ops.r16_pitch12(K) for K in (1536, 576, 896, 4864)] == [3136, 1152, 1792, 9792]
+    for K in range(32, 8193, 32):
+        pitch = ops.r16_pitch12(K)
+        assert pitch in (2 * K, 2 * K + 64), K
+        assert len({m * pitch // 64 % 64 for m in range(16)}) == 16, K
+
+
 def test_extreme_activations(tiles):
     """12-bit rows whose values quantize to +-2047 (q1 = 127 / -128, q2 = 15 / 1), +-16 (q1 = +-1, q2 = 0),
     15 (q2 = 15) and -1 (q1 = -1, q2 = 15) against Q4_0 nibbles 0 and 15 (B bytes 0 and 240) and Q8_0 bytes
