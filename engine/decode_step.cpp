@@ -349,8 +349,9 @@ class NativeDecoder : public torch::CustomClassHolder {
   // StepWork::kv32's storage (floats): grown, kept (a prompt step allocated its own before).
   std::unique_ptr<float[]> kv32_;
   int64_t kv32_capacity_ = 0, kv32_allocations_ = 0;
-  // Per worker, the gate/up tasks' scratch (StepWork::act_local): grown by its own worker, kept; a cache
-  // line each for the slots (read by every task of their worker, written when one grows).
+  // Per worker, the gate/up and attention tasks' scratch (StepWork::act_local, attn_local): grown by its
+  // own worker, kept; a cache line each for the slots (read by every task of their worker, written when
+  // one grows).
   struct alignas(64) ActScratch {
     std::unique_ptr<float[]> data;
     float* at = nullptr;  // data's first 64-byte-aligned float
@@ -491,10 +492,7 @@ class StepWork : public PhasedWork {
   // bit. Measured (docs/engine.md, fifteenth session): the gate/up phase's CPU 0.95x on one thread.
   // Decoding batches (<= 8 rows) keep the shared buffers (not measured there).
   static bool act_local_of(const NativeDecoder& m, const StepBuffers& buf, bool decoding) {
-    if (decoding || !m.act_scratch_ || !buf.acti.q1 || buf.actq.q) return false;
-    for (const Layer& layer : m.layer_)
-      if (!layer.down.reads_only_xi()) return false;
-    return true;
+    return !decoding && m.act_scratch_ && only_blocks_read(m, buf.acti, buf.actq, &Layer::down);
   }
 
   // Whether a prompt's attention tasks (16 rows, a kv head) write their outputs into their worker's scratch
@@ -502,10 +500,24 @@ class StepWork : public PhasedWork {
   // o_proj's only input (int16 activations, o in whole R16 groups), in prompt chunks (not the last layer's
   // gathered rows: attend_gathered copies rows of attn), and NativeDecoder::set_attn_scratch is on.
   static bool attn_local_of(const NativeDecoder& m, const StepBuffers& buf, bool decoding) {
-    if (decoding || !m.attn_scratch_ || !buf.attni.q1 || buf.attnq.q) return false;
+    return !decoding && m.attn_scratch_ && only_blocks_read(m, buf.attni, buf.attnq, &Layer::o);
+  }
+
+  // Whether every layer's `matrix` reads its input only as the int16 blocks xi (the step quantizes it to
+  // them, not to int8 blocks xq, and the matrix is in whole R16 groups): act_local_of and attn_local_of.
+  static bool only_blocks_read(const NativeDecoder& m, const r16::I16Rows& xi, const Q8Rows& xq,
+                               Linear Layer::*matrix) {
+    if (!xi.q1 || xq.q) return false;
     for (const Layer& layer : m.layer_)
-      if (!layer.o.reads_only_xi()) return false;
+      if (!(layer.*matrix).reads_only_xi()) return false;
     return true;
+  }
+
+  // base moved back by n0 floats, as an integer (no pointer before base): what a writer that indexes its
+  // output by absolute column or row (Linear::run's y, attend_rows' out) takes to write column / row n0
+  // at base.
+  static float* moved_back(float* base, int64_t n0) {
+    return reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(base) - n0 * sizeof(float));
   }
 
   int64_t phases() const override { return m.layers * kPerLayer + 2; }
@@ -698,11 +710,9 @@ class StepWork : public PhasedWork {
     const int64_t I = m.I, w = a1 - a0, ld = 2 * w + 16;
     float* s = m.act_scratch_slots_[worker].get(M * ld);
     // run() writes y[b ldy + n] for its rows n: columns a0 (gate) and I + a0 (up) at s and s + w.
-    const auto at = [&](float* base, int64_t n0) {
-      return reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(base) - n0 * sizeof(float));
-    };
-    layer.gate_up.run(buf.h, M, at(s, a0), ld, a0, a1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi), descending);
-    layer.gate_up.run(buf.h, M, at(s + w, I + a0), ld, I + a0, I + a1, q8(buf.hq), pack(worker, p), bf16x,
+    layer.gate_up.run(buf.h, M, moved_back(s, a0), ld, a0, a1, q8(buf.hq), pack(worker, p), bf16x, i16(buf.hi),
+                      descending);
+    layer.gate_up.run(buf.h, M, moved_back(s + w, I + a0), ld, I + a0, I + a1, q8(buf.hq), pack(worker, p), bf16x,
                       i16(buf.hi), descending);
     for (int64_t b = 0; b < M; ++b) silu_mul_into(s + b * ld, s + b * ld + w, s + b * ld, w);
     for (int64_t c = a0; c < a1; c += r16::kBlock) r16::quantize_column(s + (c - a0), M, ld, buf.acti, c);
@@ -743,7 +753,7 @@ class StepWork : public PhasedWork {
               const int64_t Hd = m.H * m.d, R = m.H / m.Hkv, c0 = g * R * m.d;
               float* s = m.act_scratch_slots_[worker].get(n * Hd);
               AttentionArgs<KV> a = args;
-              a.out = reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(s) - b0 * Hd * sizeof(float));
+              a.out = moved_back(s, b0 * Hd);
               attend_rows(a, b0, n, g, scratch[worker], keys, values);
               for (int64_t b = b0; b < b0 + n; ++b) r16::quantize(s + (b - b0) * Hd + c0, R * m.d, buf.attni.at_row(b), c0);
               continue;
