@@ -25,6 +25,16 @@ def apply_repetition_penalty(logits: Tensor, seen_ids: list[int], penalty: float
     return logits
 
 
+def repetition_penalty_numpy(x: np.ndarray, seen_ids: list[int], penalty: float) -> None:
+    """``apply_repetition_penalty`` on an fp32 numpy row in place (the same values: a logit / or * the
+    penalty in fp32), without torch's tensor and indexing calls (~0.1 ms a token here)."""
+    if penalty == 1.0 or not seen_ids:
+        return
+    ids = np.fromiter(set(seen_ids), dtype=np.int64)
+    picked = x[ids]
+    x[ids] = np.where(picked > 0, picked / np.float32(penalty), picked * np.float32(penalty))
+
+
 DRY_WINDOW = 256  # output tokens DRY looks back over (llama.cpp's dry_penalty_last_n) ...
 DRY_MAX_RUN = 64  # ... and the longest run it counts: a step costs at most 256 x 64 comparisons, and
 # base ** (run - allowed_length) stays a finite float (a request may ask for 32k tokens of one loop)
@@ -168,10 +178,10 @@ class Sampler:
         differ from that draw's but are still fixed by its seed."""
         p = seq.sampling
         x = logits.numpy().copy()
-        if p.repetition_penalty != 1.0 or p.dry_multiplier != 0.0:
-            view = torch.from_numpy(x)  # the penalties write into x through it
-            apply_repetition_penalty(view, seq.all_ids if p.repetition_penalty != 1.0 else [], p.repetition_penalty)
-            apply_dry_penalty(view, seq.output_ids, p)
+        if p.repetition_penalty != 1.0:
+            repetition_penalty_numpy(x, seq.all_ids, p.repetition_penalty)
+        if p.dry_multiplier != 0.0:
+            apply_dry_penalty(torch.from_numpy(x), seq.output_ids, p)  # writes into x through the view
         if p.is_greedy:
             return int(x.argmax())
         x /= np.float32(p.temperature)

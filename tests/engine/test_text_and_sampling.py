@@ -9,7 +9,8 @@ import torch
 from engine.detokenizer import IncrementalDetokenizer
 import numpy as np
 
-from engine.sampler import Sampler, apply_repetition_penalty, filter_top_k_top_p, greedy_tokens, nucleus_numpy
+from engine.sampler import (Sampler, apply_repetition_penalty, filter_top_k_top_p, greedy_tokens, nucleus_numpy,
+                            repetition_penalty_numpy)
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
@@ -155,6 +156,24 @@ def test_repetition_penalty_follows_hf_rule():
     logits = torch.tensor([2.0, -2.0, 1.0])
     out = apply_repetition_penalty(logits.clone(), [0, 1], 2.0)
     assert out.tolist() == [1.0, -4.0, 1.0]
+
+
+def test_the_numpy_repetition_penalty_is_the_torch_rule_bit_for_bit():
+    """The sampled rows' penalty (numpy, in place) gives apply_repetition_penalty's values exactly: positive,
+    negative and zero logits, repeated ids, penalties above and below 1; no ids or a penalty of 1: unchanged."""
+    g = torch.Generator().manual_seed(7)
+    for penalty in (1.1, 1.3, 0.9, 2.0):
+        logits = torch.randn(49152, generator=g) * 5
+        logits[:10] = 0.0
+        seen = torch.randint(0, 49152, (400,), generator=g).tolist() + list(range(12)) + [3, 3, 3]
+        x = logits.numpy().copy()
+        repetition_penalty_numpy(x, seen, penalty)
+        assert torch.equal(torch.from_numpy(x), apply_repetition_penalty(logits.clone(), seen, penalty)), penalty
+        assert not np.array_equal(x, logits.numpy())
+    x = logits.numpy().copy()
+    repetition_penalty_numpy(x, [], 1.3)
+    repetition_penalty_numpy(x, [1, 2], 1.0)
+    assert np.array_equal(x, logits.numpy())
 
 
 def test_seeded_sampling_is_reproducible_per_sequence_in_a_batch():
