@@ -104,6 +104,27 @@ struct AttentionArgs {
   float scale = 1.f / std::sqrt(static_cast<float>(d));
 };
 
+// The keys and values of the task a thread likely takes next (null: none), whose lines attend asks for into
+// L2 while it computes (spread over its loops: key block j's while it scores its own block j, value j's while
+// it weighs its own value j). Why: a decoding batch's attention read its keys and values cold (perf of an
+// 8-row step: ~60 % of attend's own samples on the values' loads) and serially with its arithmetic: the
+// lines of a whole layer touched during the qkv phase took attention from ~2.4 to ~1.3 ms CPU a step and
+// added ~1.1 to qkv (one thread). Spread like this, one thread at positions 40-104, alternating runs:
+// attention 1.69-1.94 ms CPU against 2.27-2.70 without (docs/engine.md, sixteenth session).
+template <class KV>
+struct NextKV {
+  const KV *keys = nullptr, *values = nullptr;
+  int64_t n_keys = 0;
+};
+
+// The lines of positions [j0, j1) of rows (d values each) `rows`, asked for into L2 (prefetcht2: this host's
+// prefetcht1 did not fetch the lines for the attention that read them; t2 and t0 did).
+template <class KV>
+inline void prefetch_rows(const KV* rows, int64_t j0, int64_t j1, int64_t d) {
+  constexpr int64_t kLine = 64 / sizeof(KV);
+  for (int64_t o = j0 * d; o < j1 * d; o += kLine) __builtin_prefetch(rows + o, 0, 1);  // locality 1: prefetcht2
+}
+
 struct AttentionScratch {
   std::vector<float> q, scores, inv_total;  // q [R, d], scores [R, n_keys]
   std::vector<float> k, v;  // a prompt task's keys and values widened from an fp16 cache: [n_keys, d] each
@@ -191,13 +212,14 @@ inline int64_t argmax_index(uint64_t key) { return int64_t(0xffffffffu - uint32_
 // 16 dot products kept as vectors, reduced 4 at a time (gemm::hsum4). -> the keys done.
 template <int D16, class KV>
 inline void scores_by_16(const float* q, int64_t R, const KV* keys, int64_t n16, float scale, float* scores,
-                         int64_t n_keys) {
+                         int64_t n_keys, const NextKV<KV>& next) {
   constexpr int64_t d = 16 * D16;
   const __m128 s = _mm_set1_ps(scale);
   for (int64_t r = 0; r < R; ++r) {
     __m512 qv[D16];
     for (int c = 0; c < D16; ++c) qv[c] = _mm512_loadu_ps(q + r * d + 16 * c);
     for (int64_t j0 = 0; j0 < n16; j0 += 16) {
+      if (r == 0 && next.keys && j0 < next.n_keys) prefetch_rows(next.keys, j0, std::min(j0 + 16, next.n_keys), d);
       __m512 acc[16];
 #pragma GCC unroll 16
       for (int jj = 0; jj < 16; ++jj) {
@@ -215,17 +237,18 @@ inline void scores_by_16(const float* q, int64_t R, const KV* keys, int64_t n16,
 // (d = 16 D16 a compile-time size, so a block's 16 accumulators stay in registers.)
 template <class KV>
 inline int64_t scores_by_16(const float* q, int64_t R, const KV* keys, int64_t n_keys, int64_t d, float scale,
-                            float* scores) {
+                            float* scores, const NextKV<KV>& next = {}) {
   const int64_t n16 = n_keys / 16 * 16;
+  if (next.keys && n16 < next.n_keys) prefetch_rows(next.keys, n16, next.n_keys, d);  // the keys past this task's blocks
   switch (d / 16) {
-    case 1: scores_by_16<1>(q, R, keys, n16, scale, scores, n_keys); break;
-    case 2: scores_by_16<2>(q, R, keys, n16, scale, scores, n_keys); break;
-    case 3: scores_by_16<3>(q, R, keys, n16, scale, scores, n_keys); break;
-    case 4: scores_by_16<4>(q, R, keys, n16, scale, scores, n_keys); break;
-    case 5: scores_by_16<5>(q, R, keys, n16, scale, scores, n_keys); break;
-    case 6: scores_by_16<6>(q, R, keys, n16, scale, scores, n_keys); break;
-    case 7: scores_by_16<7>(q, R, keys, n16, scale, scores, n_keys); break;
-    default: scores_by_16<8>(q, R, keys, n16, scale, scores, n_keys); break;
+    case 1: scores_by_16<1>(q, R, keys, n16, scale, scores, n_keys, next); break;
+    case 2: scores_by_16<2>(q, R, keys, n16, scale, scores, n_keys, next); break;
+    case 3: scores_by_16<3>(q, R, keys, n16, scale, scores, n_keys, next); break;
+    case 4: scores_by_16<4>(q, R, keys, n16, scale, scores, n_keys, next); break;
+    case 5: scores_by_16<5>(q, R, keys, n16, scale, scores, n_keys, next); break;
+    case 6: scores_by_16<6>(q, R, keys, n16, scale, scores, n_keys, next); break;
+    case 7: scores_by_16<7>(q, R, keys, n16, scale, scores, n_keys, next); break;
+    default: scores_by_16<8>(q, R, keys, n16, scale, scores, n_keys, next); break;
   }
   return n16;
 }
@@ -275,7 +298,9 @@ inline float max_of(const float* x, int64_t n) {
 // out[r] = sum_j p[r][j] / total[r] * value_j for the R heads (d = 16 * D16), the outputs of up to
 // 20 / D16 heads held in registers while the values pass once.
 template <int D16, class KV>
-inline void weigh_values(const AttentionScratch& scratch, int64_t R, int64_t n_keys, const KV* values, float* out) {
+inline void weigh_values(const AttentionScratch& scratch, int64_t R, int64_t n_keys, const KV* values, float* out,
+                         const NextKV<KV>& next = {}) {
+  if (next.values) prefetch_rows(next.values, std::min(n_keys, next.n_keys), next.n_keys, 16 * D16);  // past this task's
   constexpr int kHeads = D16 == 4 ? 5 : 2;
   for (int64_t r0 = 0; r0 < R; r0 += kHeads) {
     const int heads = static_cast<int>(std::min<int64_t>(kHeads, R - r0));
@@ -285,6 +310,7 @@ inline void weigh_values(const AttentionScratch& scratch, int64_t R, int64_t n_k
     const float* p[kHeads];
     for (int h = 0; h < heads; ++h) p[h] = scratch.scores.data() + (r0 + h) * n_keys;
     for (int64_t j = 0; j < n_keys; ++j) {
+      if (r0 == 0 && j < next.n_keys) prefetch_rows(next.values, j, j + 1, 16 * D16);
       __m512 v[D16];
       for (int c = 0; c < D16; ++c) v[c] = kv::load16(values + j * 16 * D16 + 16 * c);
       for (int h = 0; h < heads; ++h) {
@@ -329,7 +355,7 @@ inline void prefetch_kv_pages(const AttentionArgs<KV>& a, int64_t t, bool now) {
 // out_row: where row b's outputs go (its H d values; null: row b of a.out).
 template <class KV>
 inline void attend(const AttentionArgs<KV>& a, int64_t t, AttentionScratch& scratch, int64_t first_head = 0,
-                   int64_t end_head = -1, float* out_row = nullptr) {
+                   int64_t end_head = -1, float* out_row = nullptr, const NextKV<KV>& next = {}) {
   const int64_t H = a.H, Hkv = a.Hkv, d = a.d, L = a.L, R = (end_head < 0 ? H / Hkv : end_head) - first_head;
   scratch.q.resize(R * d);
   scratch.inv_total.resize(R);
@@ -348,7 +374,7 @@ inline void attend(const AttentionArgs<KV>& a, int64_t t, AttentionScratch& scra
   int64_t j0 = 0;
 #if defined(VOXLANE_GEMM)
   if (d % 16 == 0 && d <= 128) {
-    j0 = scores_by_16(scratch.q.data(), R, keys, n_keys, d, a.scale, scratch.scores.data());
+    j0 = scores_by_16(scratch.q.data(), R, keys, n_keys, d, a.scale, scratch.scores.data(), next);
     if (j0 < n_keys) scores_tail(scratch.q.data(), R, keys, j0, n_keys, d, a.scale, scratch.scores.data());
     j0 = n_keys;
   }
@@ -377,8 +403,8 @@ inline void attend(const AttentionArgs<KV>& a, int64_t t, AttentionScratch& scra
   }
   float* out = (out_row ? out_row : a.out + b * H * d) + h0 * d;  // [R, d]: the group's heads are adjacent in y
 #if defined(VOXLANE_GEMM)
-  if (d == 64 || d == 128) return d == 64 ? weigh_values<4>(scratch, R, n_keys, values, out)
-                                          : weigh_values<8>(scratch, R, n_keys, values, out);
+  if (d == 64 || d == 128) return d == 64 ? weigh_values<4>(scratch, R, n_keys, values, out, next)
+                                          : weigh_values<8>(scratch, R, n_keys, values, out, next);
 #endif
   std::fill(out, out + R * d, 0.f);
   for (int64_t j = 0; j < n_keys; ++j) {

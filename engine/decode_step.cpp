@@ -295,6 +295,11 @@ class NativeDecoder : public torch::CustomClassHolder {
   // buffers (off: as before; tests compare the two); and the floats of the workers' scratch (tests).
   void set_act_scratch(bool on) { act_scratch_ = on; }
   bool act_scratch() const { return act_scratch_; }
+  // A decoding row's attention task asks for the lines of the task its thread likely takes next while it
+  // computes (on: attend's NextKV, spread over its loops), or only for their pages' first lines (off: as
+  // before; tests compare the two). Prefetches only: the same results.
+  void set_kv_ahead(bool on) { kv_ahead_ = on; }
+  bool kv_ahead() const { return kv_ahead_; }
   // A prompt's attention outputs in the worker's scratch where o_proj reads only their int16 blocks (on:
   // StepWork::attn_local), or in the step's shared attn (off: as before).
   void set_attn_scratch(bool on) { attn_scratch_ = on; }
@@ -367,6 +372,7 @@ class NativeDecoder : public torch::CustomClassHolder {
   };
   std::vector<ActScratch> act_scratch_slots_;
   bool act_scratch_ = true;
+  bool kv_ahead_ = true;
   bool attn_scratch_ = true;
   int64_t r16_bytes_ = 0;
   std::array<std::atomic<int64_t>, 10> profile_ns_{};
@@ -770,7 +776,14 @@ class StepWork : public PhasedWork {
           const int64_t next = descending ? t - 1 : t + 1;
           prefetch_kv_pages(args, t, true);
           if (next >= 0 && next < T * m.Hkv && next != t) prefetch_kv_pages(args, next, false);
-          attend(args, t, scratch[worker], h0, h1);
+          NextKV<KV> ahead;  // the next task's keys and values, asked for while this one computes
+          if (m.kv_ahead_ && next >= 0 && next < T * m.Hkv && next != t) {
+            const int64_t b = next / m.Hkv, g = next % m.Hkv, pos = positions[b];
+            const int64_t first = m.window > 0 ? std::max<int64_t>(0, pos + 1 - m.window) : 0;
+            const int64_t offset = ((slots[b] * m.Hkv + g) * m.L + first) * m.d;
+            ahead = {args.k_cache + offset, args.v_cache + offset, pos + 1 - first};
+          }
+          attend(args, t, scratch[worker], h0, h1, nullptr, ahead);
           if (buf.attnq.q || buf.attni.q1) quantize_heads(t, h0, h1);
         }
         return;
@@ -1144,6 +1157,8 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("bf16_activations", &voxlane::NativeDecoder::bf16_activations)
       .def("set_last_rows_only", &voxlane::NativeDecoder::set_last_rows_only)
       .def("last_rows_only", &voxlane::NativeDecoder::last_rows_only)
+      .def("set_kv_ahead", &voxlane::NativeDecoder::set_kv_ahead)
+      .def("kv_ahead", &voxlane::NativeDecoder::kv_ahead)
       .def("set_act_scratch", &voxlane::NativeDecoder::set_act_scratch)
       .def("set_attn_scratch", &voxlane::NativeDecoder::set_attn_scratch)
       .def("attn_scratch", &voxlane::NativeDecoder::attn_scratch)
