@@ -79,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         return did
 
     runner.decoder, runner.run, engine.step = SimpleNamespace(step=timed(decoder.step)), run, step
-    greedy_calls = runner.greedy_calls  # greedy steps: the native call through ctypes (GreedyCalls)
-    if greedy_calls is not None:
-        runner.greedy_calls = SimpleNamespace(step=timed(greedy_calls.step), rows=timed(greedy_calls.rows),
-                                              expect_step=greedy_calls.expect_step)
+    step_calls = runner.step_calls  # greedy steps: the native call through ctypes (StepCalls)
+    if step_calls is not None:
+        runner.step_calls = SimpleNamespace(step=timed(step_calls.step), rows=timed(step_calls.rows),
+                                              expect_step=step_calls.expect_step)
 
     cpu = [0.0]  # the last run's CPU seconds, every thread of the process (the engine's and the pool's)
     solo = [0]  # the last run's steps on one thread (the step pool's stall fallback)

@@ -63,7 +63,7 @@ def build_dir(key: str | None = None) -> Path:
 
 
 def library_path() -> Path | None:
-    """The shared library ``load_kernels`` loaded (for ctypes: engine/native_step.py's GreedyCalls), or
+    """The shared library ``load_kernels`` loaded (for ctypes: engine/native_step.py's StepCalls), or
     None when the kernels did not load. The path recorded at the load, not one derived again: the key
     hashes the sources as they are now, and a library built from other sources would not match the
     loaded classes."""
