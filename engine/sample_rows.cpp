@@ -14,8 +14,8 @@
 //   draw: weights exp(x - top) of the kept ids in index order; the first whose cumulative weight exceeds u
 //     times the total (u uniform in [0, 1) from the request's generator).
 // exp is decode_ops.h's fast_exp (~1 ulp), sums in double: the kept set and the token are numpy's except
-// where a cumulative mass lands within rounding of top_p or of the draw. Plain loops (`omp simd`), no
-// intrinsics: the same code on every machine the kernels build on.
+// where a cumulative mass lands within rounding of top_p or of the draw. Plain loops (`omp simd`) but for
+// the double sums (AVX-512 where the kernels are built with it, a plain loop elsewhere).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
