@@ -8,8 +8,9 @@ CPU too), and the run's CPU time (every thread's: under load, what an A/B of the
 two threads it holds the step pool's spinning too). ``--ab-batch-tiles`` alternates the decoding batches' AMX tiles (engine/r16_batch.h) with the
 VNNI kernel run by run (order reversed every other round) and prints the medians; ``--no-stall-fallback``
 keeps every step on the threads asked for (each run prints its steps on one thread either way); ``--json`` prints one
-JSON object with every run's split instead. ``--temperature 0.7 --top-p 0.9`` samples as a persona does
-(the sampler's per-row path, not the greedy one-call step).
+JSON object with every run's split instead. ``--temperature 0.6 --top-p 0.9 --repetition-penalty 1.1
+--dry-multiplier 0.8`` samples as the nova persona does (the step's logits and the sampler, not the
+greedy step's argmax).
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--temperature", type=float, default=0.0, help="sample instead of greedy (a persona: 0.7)")
     parser.add_argument("--top-p", type=float, default=1.0, help="with --temperature (a persona: 0.9)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0, help="a persona's (nova: 1.1)")
+    parser.add_argument("--dry-multiplier", type=float, default=0.0, help="a persona's DRY (nova: 0.8)")
     parser.add_argument("--ab-batch-tiles", action="store_true", help="alternate the batch tiles and the VNNI kernel")
     parser.add_argument("--no-stall-fallback", action="store_true",
                         help="always the threads asked for (the step pool's one-thread fallback off)")
@@ -49,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                           max_seq_len=1024, admission_window_ms=0, prefill_chunk_tokens=512,
                           num_threads=args.threads, int16_activations=True)  # as engine_rows with --int16-activations
     engine = LLMEngine(resolve(args.model, "llm"), config)
-    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.tokens)
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.tokens,
+                              repetition_penalty=args.repetition_penalty, dry_multiplier=args.dry_multiplier)
     steps: list[dict] = []
     runner, decoder = engine.runner, engine.runner.decoder
     if args.no_stall_fallback:
@@ -79,10 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         return did
 
     runner.decoder, runner.run, engine.step = SimpleNamespace(step=timed(decoder.step)), run, step
-    greedy_calls = runner.greedy_calls  # greedy steps: the native call through ctypes (GreedyCalls)
-    if greedy_calls is not None:
-        runner.greedy_calls = SimpleNamespace(step=timed(greedy_calls.step), rows=timed(greedy_calls.rows),
-                                              expect_step=greedy_calls.expect_step)
+    step_calls = runner.step_calls  # the native call through ctypes (StepCalls): greedy and sampled steps
+    if step_calls is not None:
+        runner.step_calls = SimpleNamespace(step=timed(step_calls.step), rows=timed(step_calls.rows),
+                                            logits=timed(step_calls.logits), expect_step=step_calls.expect_step)
 
     cpu = [0.0]  # the last run's CPU seconds, every thread of the process (the engine's and the pool's)
     solo = [0]  # the last run's steps on one thread (the step pool's stall fallback)
@@ -129,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()[0]
     if not args.json:
         print(f"{args.model}, native + int16, batch {args.batch}, {args.tokens} tokens, {args.threads} threads, "
-              f"temperature {args.temperature}, top_p {args.top_p}, 1-min load {load_start:.1f}")
+              f"temperature {args.temperature}, top_p {args.top_p}, repetition penalty {args.repetition_penalty}, "
+              f"DRY {args.dry_multiplier}, 1-min load {load_start:.1f}")
     runs: list[dict] = []
     try:
         batch_run()  # warm-up

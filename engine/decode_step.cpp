@@ -245,7 +245,7 @@ class NativeDecoder : public torch::CustomClassHolder {
   // The first maximum of each logits row of the last step (numpy's / torch's argmax, a NaN first), found
   // by the LM head's tasks while their logits are in cache: a greedy sampler reads no logits.
   std::vector<int64_t> argmax() const { return argmax_; }
-  // This object's address, for the C calls below (engine/native_step.py's GreedyCalls).
+  // This object's address, for the C calls below (engine/native_step.py's StepCalls).
   int64_t address() const { return reinterpret_cast<int64_t>(this); }
   // Another step follows within about `us` microseconds: the step pool's helpers stay awake for it
   // (StepPool::expect_step; us <= 0: they may sleep).
@@ -1127,6 +1127,23 @@ extern "C" const char* voxlane_greedy_rows(voxlane::NativeDecoder* decoder, int6
     decoder->step(row(0), row(1), row(2), at::from_blob(logit_rows, {L}, at::kLong));
     const std::vector<int64_t> found = decoder->argmax();
     std::copy(found.begin(), found.end(), argmax);
+    return nullptr;
+  } catch (const std::exception& e) {
+    error = e.what();
+    return error.c_str();
+  }
+}
+
+// The same step for a sampled plan: the logit rows' logits [L, V] copied into `logits` (L x V floats, the
+// caller's), which the sampler draws from. Why: the custom-class call, its input tensors and the returned
+// tensor cost a sampled decode step what they cost the greedy one before voxlane_greedy_rows.
+extern "C" const char* voxlane_logits_rows(voxlane::NativeDecoder* decoder, int64_t* rows, int64_t T,
+                                           int64_t* logit_rows, int64_t L, float* logits) {
+  thread_local std::string error;
+  try {
+    const auto row = [&](int64_t k) { return at::from_blob(rows + k * T, {T}, at::kLong); };
+    const at::Tensor out = decoder->step(row(0), row(1), row(2), at::from_blob(logit_rows, {L}, at::kLong));
+    std::memcpy(logits, out.data_ptr<float>(), static_cast<size_t>(out.numel()) * sizeof(float));
     return nullptr;
   } catch (const std::exception& e) {
     error = e.what();

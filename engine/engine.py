@@ -24,7 +24,7 @@ import torch
 from engine import native_step
 from engine.config import EngineConfig, WeightSetting
 from engine.int8_checkpoint import has_int8_checkpoint
-from engine.kernels import load_kernels
+from engine.kernels import library_path, load_kernels
 from engine.kv_cache import KVCache, common_prefix_length
 from engine.loader import chat_prompt_ids, load_config, load_int8_model, load_model, load_tokenizer, release_file_memory, trim_heap
 from engine.native_weights import load_native_model
@@ -32,7 +32,7 @@ from engine.open_turn import open_user_turn_ids, sentence_end_token_ids
 from engine.outputs import OutputProcessor, end_of_turn_ids
 from engine.quant import quantize_int8, weight_bytes
 from engine.runner import ModelRunner, RunResult
-from engine.sampler import Sampler
+from engine.sampler import Sampler, native_sample_row
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, StepPlan
 from engine.sequence import Sequence, SequenceIds
@@ -101,6 +101,8 @@ class LLMEngine:
         torch.set_num_threads(self.num_threads)  # per thread: the stepping thread needs its own
         with _load_phase("kernels"):
             kernels = load_kernels() if self.config.kernels else None  # None: the pure-torch path
+            if kernels is not None:  # sampled rows' temperature, nucleus and draw in C
+                self.sampler.native_row = native_sample_row(library_path())
         dtype, max_seq_len = self.config.torch_dtype, self.config.max_seq_len
         with _load_phase(f"weights {self.config.quant}"):
             self._load_weights(model_path, kernels, dtype, max_seq_len)

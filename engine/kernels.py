@@ -27,7 +27,7 @@ from torch import Tensor
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "kernels.cpp", HERE / "quant_ops.cpp", HERE / "decode_step.cpp"]  # compiled together into one library
+SOURCES = [HERE / "kernels.cpp", HERE / "quant_ops.cpp", HERE / "decode_step.cpp", HERE / "sample_rows.cpp"]  # compiled together into one library
 HEADERS = [HERE / "gguf_blocks.h", HERE / "quant_matmul.h", HERE / "gemv512.h", HERE / "prefill_gemm.h", HERE / "q8_matmul.h", HERE / "r16_matmul.h", HERE / "r16_tiles.h", HERE / "r16_batch.h", HERE / "kv_element.h", HERE / "decode_ops.h", HERE / "step_pool.h"]
 # -fopenmp: at::parallel_for's pragmas use torch's OpenMP (and `omp simd` loops vectorize);
 # 512-bit vectors: gcc defaults to 256 on recent Intel CPUs even with AVX-512 (no effect without it).
@@ -63,7 +63,7 @@ def build_dir(key: str | None = None) -> Path:
 
 
 def library_path() -> Path | None:
-    """The shared library ``load_kernels`` loaded (for ctypes: engine/native_step.py's GreedyCalls), or
+    """The shared library ``load_kernels`` loaded (for ctypes: engine/native_step.py's StepCalls), or
     None when the kernels did not load. The path recorded at the load, not one derived again: the key
     hashes the sources as they are now, and a library built from other sources would not match the
     loaded classes."""

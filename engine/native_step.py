@@ -97,21 +97,26 @@ def build_decoder(model: Transformer, cache: KVCacheTensors):
     return decoder
 
 
-class GreedyCalls:
-    """A decoder's greedy steps and ``expect_step`` as C calls through ctypes (decode_step.cpp's
-    ``voxlane_greedy_rows`` and ``voxlane_expect_step``), for the engine's loop: after a step, a call of a
-    custom-class method took 60-100 us here (its path out of cache), a ctypes call 10-17 us. A step's
-    inputs and its argmax per logit row go through int64 buffers (one per decode batch size, kept); no
-    logits come back."""
+class StepCalls:
+    """A decoder's steps and ``expect_step`` as C calls through ctypes (decode_step.cpp's
+    ``voxlane_greedy_rows``, ``voxlane_logits_rows`` and ``voxlane_expect_step``), for the engine's loop:
+    after a step, a call of a custom-class method took 60-100 us here (its path out of cache), a ctypes
+    call 10-17 us. A step's inputs and its argmax per logit row go through int64 buffers (one per decode
+    batch size, kept): greedy steps return no logits; a sampled step's logit rows come back in a float
+    buffer (``logits``)."""
 
-    def __init__(self, decoder):
+    def __init__(self, decoder, vocab_size: int):
         library = ctypes.CDLL(str(kernels.library_path()))
         self.decoder = decoder  # kept alive: the calls take its address
+        self.vocab_size = vocab_size
         self._address = decoder.address()
         self._rows_call = library.voxlane_greedy_rows
         self._rows_call.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                     ctypes.c_int64, ctypes.c_void_p]
         self._rows_call.restype = ctypes.c_char_p
+        self._logits_call = library.voxlane_logits_rows
+        self._logits_call.argtypes = self._rows_call.argtypes
+        self._logits_call.restype = ctypes.c_char_p
         self._expect = library.voxlane_expect_step
         self._expect.argtypes = [ctypes.c_void_p, ctypes.c_int64]
         self._expect.restype = None
@@ -141,8 +146,20 @@ class GreedyCalls:
         self._call(address, T, address + 3 * T * 8, L, address + (3 * T + L) * 8)
         return buffer[3 * T + L:].tolist()
 
-    def _call(self, rows: int, T: int, logit_rows: int, L: int, argmax: int) -> None:
-        error = self._rows_call(self._address, rows, T, logit_rows, L, argmax)
+    def logits(self, token_ids: list[int], positions: list[int], slots: list[int], logit_rows: list[int]) -> Tensor:
+        """``NativeDecoder.step`` of any rows -> the logits [L, V] of ``logit_rows`` (a new float buffer the
+        tensor owns: the sampler's rows may outlive the next step)."""
+        T, L = len(token_ids), len(logit_rows)
+        rows = np.empty(3 * T + L, dtype=np.int64)  # tokens, positions, slots [3, T]; logit rows
+        rows[:3 * T] = token_ids + positions + slots
+        rows[3 * T:] = logit_rows
+        logits = np.empty((L, self.vocab_size), dtype=np.float32)
+        address = rows.ctypes.data
+        self._call(address, T, address + 3 * T * 8, L, logits.ctypes.data, self._logits_call)
+        return torch.from_numpy(logits)
+
+    def _call(self, rows: int, T: int, logit_rows: int, L: int, out: int, call=None) -> None:
+        error = (call or self._rows_call)(self._address, rows, T, logit_rows, L, out)
         if error is not None:
             raise RuntimeError(error.decode())
 

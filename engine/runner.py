@@ -86,8 +86,9 @@ class ModelRunner:
         # The one-call decode step needs the model's kernels (torch.ops.voxlane) and fp32 activations.
         self.fused_decode = native_step.supports(model, kv_cache.tensors)
         self.decoder = native_step.build_decoder(model, kv_cache.tensors) if self.fused_decode else None
-        # The engine loop's greedy decode steps and expect_step as C calls (GreedyCalls: cheaper per step).
-        self.greedy_calls = native_step.GreedyCalls(self.decoder) if self.decoder is not None else None
+        # The engine loop's steps and expect_step as C calls (StepCalls: cheaper per step).
+        self.step_calls = (native_step.StepCalls(self.decoder, model.args.vocab_size) if self.decoder is not None
+                           else None)
         self.group = model.args.num_heads // model.args.num_kv_heads  # R query heads per kv head
         self._decode_forward = model.forward
         self._decode_rows: dict[int, tuple[Tensor, ...]] = {}  # decode(): the step's inputs by batch size
@@ -107,8 +108,10 @@ class ModelRunner:
         inner = inner_probes(plan.prefills)  # requests that generate, probed inside their prompt
         inner_rows = [row for _, row in inner]
         seqs = plan.decode
-        if self.greedy_calls is not None and not inner and self._greedy(plan):
-            return self._run_greedy(chunks, plan, result)
+        if self.step_calls is not None and not inner:
+            if self._greedy(plan):
+                return self._run_greedy(chunks, plan, result)
+            return self._run_sampled(chunks, plan, result)
         decode = ([s.slot for s in seqs], [s.last_token for s in seqs], [s.num_tokens - 1 for s in seqs])
         if chunks and seqs and self.fused_decode:
             prefill_logits, decode_logits = self.prefill_and_decode(chunks, *decode, inner_rows=inner_rows)
@@ -137,7 +140,7 @@ class ModelRunner:
 
     def _run_greedy(self, chunks: list[tuple[int, list[int], int, bool]], plan: StepPlan,
                     result: RunResult) -> RunResult:
-        """A greedy plan in one C call (``GreedyCalls``): the step's argmax of each prompt that ends here
+        """A greedy plan in one C call (``StepCalls``): the step's argmax of each prompt that ends here
         (its first new token) and of each decode row; the logits stay in the step, the sampler does not
         read them. Why: on a prompt's TTFT the custom-class call, its input tensors, the logits' rows and
         numpy's argmax took ~0.3-0.6 ms of Python after the step had streamed the weights."""
@@ -146,21 +149,44 @@ class ModelRunner:
         if chunks:
             tokens, rows_positions, rows_slots, wanted, logit_rows = step_rows(
                 chunks, slots, [s.last_token for s in seqs], positions)
-            found = self.greedy_calls.rows(tokens, rows_positions, rows_slots, logit_rows)
+            found = self.step_calls.rows(tokens, rows_positions, rows_slots, logit_rows)
             self._note_chunks(chunks)
             sampled = [plan.prefills[i][0] for i in wanted] + seqs
         else:
-            found = self.greedy_calls.step([s.last_token for s in seqs], positions, slots)
+            found = self.step_calls.step([s.last_token for s in seqs], positions, slots)
             sampled = seqs
         self._note_decoded(slots, positions)
         result.tokens += zip(sampled, found)
         return result
 
+    def _run_sampled(self, chunks: list[tuple[int, list[int], int, bool]], plan: StepPlan,
+                     result: RunResult) -> RunResult:
+        """A plan that samples (or probes a prompt's end) in one C call (``StepCalls.logits``): the logits of
+        each prompt that ends here, then of each decode row, come back in one buffer, and go to the sampler
+        (or ``probability_of``) as ``run`` sends them. Why: the custom-class call, its four input tensors
+        and its returned tensor cost a sampled step ~0.1-0.3 ms of Python that a greedy one no longer pays."""
+        seqs = plan.decode
+        slots, positions = [s.slot for s in seqs], [s.num_tokens - 1 for s in seqs]
+        tokens, rows_positions, rows_slots, wanted, logit_rows = step_rows(
+            chunks, slots, [s.last_token for s in seqs], positions)
+        logits = self.step_calls.logits(tokens, rows_positions, rows_slots, logit_rows)  # [L, V]
+        self._note_chunks(chunks)
+        self._note_decoded(slots, positions)
+        ending = [plan.prefills[i][0] for i in wanted]
+        for i, seq in enumerate(ending):
+            if seq.probe_ids is not None and seq.probe_at is None:
+                result.probes.append((seq, probability_of(logits[i], seq.probe_ids)))
+            else:
+                self._sample(logits[i:i + 1], [seq], result)
+        if seqs:
+            self._sample(logits[len(ending):], seqs, result)
+        return result
+
     def expect_step(self, follows: bool) -> None:
         """Whether the engine runs another step at once: the one-call step's helper threads stay awake
         for it (woken now if asleep; ``NativeDecoder.expect_step``), or may sleep (no step follows)."""
-        if self.greedy_calls is not None:
-            self.greedy_calls.expect_step(EXPECT_STEP_US if follows else 0)
+        if self.step_calls is not None:
+            self.step_calls.expect_step(EXPECT_STEP_US if follows else 0)
 
     def _sample(self, logits: Tensor, seqs: list[Sequence], result: RunResult) -> None:
         """One token per sequence from logits [B, V], the whole batch at once. When that raises (a

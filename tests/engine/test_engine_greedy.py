@@ -140,7 +140,7 @@ def test_a_prompt_arriving_mid_decode_shares_the_step_and_changes_nothing(fp32_e
     alone = [_run_alone(fp32_engine, p).output_ids for p in GREEDY_PROMPTS]
     mixed_calls = []
     runner = fp32_engine.runner
-    original, rows = runner._run_greedy, runner.greedy_calls.rows
+    original, rows = runner._run_greedy, runner.step_calls.rows
 
     def counting(chunks, plan, result):
         calls = len(native_calls)
@@ -151,7 +151,7 @@ def test_a_prompt_arriving_mid_decode_shares_the_step_and_changes_nothing(fp32_e
 
     native_calls = []
     monkeypatch.setattr(runner, "_run_greedy", counting)
-    monkeypatch.setattr(runner.greedy_calls, "rows", lambda *args: native_calls.append(1) or rows(*args))
+    monkeypatch.setattr(runner.step_calls, "rows", lambda *args: native_calls.append(1) or rows(*args))
     first = [fp32_engine.submit(p, GREEDY) for p in GREEDY_PROMPTS[:2]]
     for _ in range(3):
         fp32_engine.step()

@@ -266,7 +266,7 @@ def test_a_dead_builds_lock_file_does_not_hang_the_next_load(ops, tmp_path):
 
 
 def test_the_library_path_is_the_loaded_librarys_whatever_the_sources_are_now(ops, monkeypatch):
-    """GreedyCalls dlopens library_path() to call into the loaded kernels' classes: it is the library the
+    """StepCalls dlopens library_path() to call into the loaded kernels' classes: it is the library the
     load built or found, not one named by hashing the sources again (edited sources, another key)."""
     loaded = K.library_path()
     assert loaded is not None and loaded.is_file() and loaded.parent == K.build_dir()
@@ -345,7 +345,7 @@ def test_the_step_finds_numpys_argmax_of_its_logits(ops):
 
 def test_greedy_decoding_takes_the_steps_argmax(native_model, monkeypatch):
     """The runner's greedy tokens of a decode batch are the one-call step's argmax, through its C call
-    (``GreedyCalls``: no logits come back, the sampler does not read them), and they are numpy's argmax
+    (``StepCalls``: no logits come back, the sampler does not read them), and they are numpy's argmax
     of the same logits. A bad input raises the step's own message."""
     from engine import sampler
     from engine.scheduler import StepPlan
@@ -365,13 +365,43 @@ def test_greedy_decoding_takes_the_steps_argmax(native_model, monkeypatch):
     ran = runner.run(StepPlan(decode=seqs))
     assert [token for _, token in ran.tokens] == logits.numpy().argmax(-1).tolist()
     with pytest.raises(RuntimeError, match="token id out of range"):
-        runner.greedy_calls.step([10**9], [3], [0])
+        runner.step_calls.step([10**9], [3], [0])
+
+
+def _fresh_runner(native_model, decoding, prompts_by_slot):
+    """A runner over a zeroed cache of 7 slots: the decoding sequences in slots 0.. with their prompts but the
+    last token prefilled, the prompts given their slots -> (runner, cache)."""
+    cache = KVCache(native_model.args, 7, 64, torch.float32)
+    cache.tensors.k.zero_(), cache.tensors.v.zero_()
+    runner = ModelRunner(native_model, cache)
+    for slot, seq in enumerate(decoding):
+        seq.slot = slot
+        runner.prefill(slot, seq.prompt_ids[:-1], 0, want_logits=False)
+        seq.num_cached = len(seq.prompt_ids) - 1
+    for slot, seq in prompts_by_slot.items():
+        seq.slot = slot
+    return runner, cache
+
+
+def _without_custom_step(runner):
+    """The runner's decoder behind a wrapper whose custom-class step fails the test -> the decoder."""
+    decoder = runner.decoder
+
+    class NoCustomStep:
+        def __getattr__(self, name):
+            return getattr(decoder, name)
+
+        def step(self, *inputs):
+            pytest.fail("the custom-class step ran")
+
+    runner.decoder = NoCustomStep()
+    return decoder
 
 
 @pytest.mark.parametrize("B", [0, 1, 3])
 def test_greedy_prompts_take_the_steps_argmax(native_model, monkeypatch, B):
     """A step of greedy prompt chunks (two prompts, one of them ending here) and B greedy decode rows runs
-    as one C call (``GreedyCalls.rows``): no custom-class call, no logits read by the sampler, and its
+    as one C call (``StepCalls.rows``): no custom-class call, no logits read by the sampler, and its
     tokens are the argmax of the logits the custom-class step gives for the same rows and cache. A
     sampled (non-greedy) prompt still goes through the sampler."""
     from engine import sampler
@@ -383,16 +413,7 @@ def test_greedy_prompts_take_the_steps_argmax(native_model, monkeypatch, B):
                Sequence(2, [(i * 7) % 3000 + 100 for i in range(30)], SamplingParams(temperature=0.0))]
 
     def fresh_runner():
-        cache = KVCache(native_model.args, 6, 64, torch.float32)
-        cache.tensors.k.zero_(), cache.tensors.v.zero_()
-        runner = ModelRunner(native_model, cache)
-        for slot, seq in enumerate(decoding):
-            seq.slot = slot
-            runner.prefill(slot, seq.prompt_ids[:-1], 0, want_logits=False)
-            seq.num_cached = len(seq.prompt_ids) - 1
-        for slot, seq in zip((4, 5), prompts):
-            seq.slot = slot
-        return runner, cache
+        return _fresh_runner(native_model, decoding, {4: prompts[0], 5: prompts[1]})
 
     # the first prompt ends in this step; the second is chunked (its first 16 tokens, no token wanted)
     plan = StepPlan(prefills=[(prompts[0], 0, 21), (prompts[1], 0, 16)], decode=decoding)
@@ -404,16 +425,7 @@ def test_greedy_prompts_take_the_steps_argmax(native_model, monkeypatch, B):
 
     runner, cache = fresh_runner()
     monkeypatch.setattr(sampler, "greedy_tokens", lambda _: pytest.fail("the logits were read"))
-    decoder = runner.decoder
-
-    class NoCustomStep:
-        def __getattr__(self, name):
-            return getattr(decoder, name)
-
-        def step(self, *inputs):
-            pytest.fail("the custom-class step ran")
-
-    runner.decoder = NoCustomStep()
+    decoder = _without_custom_step(runner)
     ran = runner.run(plan)
     assert [(seq.id, token) for seq, token in ran.tokens] == list(zip([1] + [s.id for s in decoding], want))
     for slot in [4, 5] + [s.slot for s in decoding]:
@@ -430,8 +442,53 @@ def test_greedy_prompts_take_the_steps_argmax(native_model, monkeypatch, B):
     assert calls == [1]
 
 
+@pytest.mark.parametrize("B", [0, 1, 3])
+def test_sampled_steps_take_their_logits_through_one_c_call(native_model, monkeypatch, B):
+    """A step that samples (a prompt ending here, a chunk of another, B sampled decode rows) or probes a
+    prompt's end runs as one C call (``StepCalls.logits``: no custom-class call): the sampler gets the
+    logits the custom-class step gives for the same rows and cache, bit for bit, prompt rows first; the
+    probe gets probability_of its row; the cache is the same."""
+    from engine.sampler import probability_of
+    from engine.scheduler import StepPlan
+    from engine.sequence import Sequence
+
+    sampled = SamplingParams(temperature=0.8, top_p=0.9, seed=5)
+    decoding = [Sequence(10 + i, [100 + i, 200, 300], sampled) for i in range(B)]
+    prompts = [Sequence(1, [(i * 13) % 3000 + 200 for i in range(21)], sampled),
+               Sequence(2, [(i * 7) % 3000 + 100 for i in range(30)], sampled),
+               Sequence(3, [(i * 11) % 3000 + 50 for i in range(9)], sampled, probe_ids=frozenset({5, 6}))]
+
+    def fresh_runner():
+        return _fresh_runner(native_model, decoding, {4: prompts[0], 5: prompts[1], 6: prompts[2]})
+
+    plan = StepPlan(prefills=[(prompts[0], 0, 21), (prompts[1], 0, 16), (prompts[2], 0, 9)], decode=decoding)
+    runner, want_cache = fresh_runner()
+    chunks = [(4, prompts[0].prompt_ids, 0, True), (5, prompts[1].prompt_ids[:16], 0, False),
+              (6, prompts[2].prompt_ids, 0, True)]
+    decode = ([s.slot for s in decoding], [s.prompt_ids[-1] for s in decoding], [2] * B)
+    prompt_logits, decode_logits = runner.prefill_and_decode(chunks, *decode)
+
+    runner, cache = fresh_runner()
+    decoder = _without_custom_step(runner)
+    seen = []
+    monkeypatch.setattr(runner.sampler, "sample",
+                        lambda logits, seqs: seen.append((logits.clone(), [s.id for s in seqs])) or [7] * len(seqs))
+    ran = runner.run(plan)
+    assert seen[0][1] == [1] and torch.equal(seen[0][0][0], prompt_logits[0])
+    if B:
+        assert seen[1][1] == [s.id for s in decoding] and torch.equal(seen[1][0], decode_logits)
+    assert len(seen) == (2 if B else 1)
+    assert [(seq.id, token) for seq, token in ran.tokens] == [(1, 7)] + [(s.id, 7) for s in decoding]
+    assert ran.probes == [(prompts[2], probability_of(prompt_logits[2], prompts[2].probe_ids))]
+    for slot in [4, 5, 6] + [s.slot for s in decoding]:
+        assert torch.equal(cache.tensors.k[:, slot], want_cache.tensors.k[:, slot]), slot
+        assert torch.equal(cache.tensors.v[:, slot], want_cache.tensors.v[:, slot]), slot
+    with pytest.raises(RuntimeError, match="token id out of range"):
+        runner.step_calls.logits([10**9], [3], [0], [0])
+
+
 def test_a_greedy_chunk_that_does_not_end_its_prompt_samples_nothing(native_model):
-    """A greedy step of one prompt chunk before the prompt's end (no logit rows: ``GreedyCalls.rows`` with
+    """A greedy step of one prompt chunk before the prompt's end (no logit rows: ``StepCalls.rows`` with
     L = 0) writes its k/v and gives no token; the next chunk, which ends the prompt, gives the first."""
     from engine.scheduler import StepPlan
     from engine.sequence import Sequence

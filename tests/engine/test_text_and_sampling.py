@@ -9,8 +9,9 @@ import torch
 from engine.detokenizer import IncrementalDetokenizer
 import numpy as np
 
-from engine.sampler import (Sampler, apply_repetition_penalty, filter_top_k_top_p, greedy_tokens, nucleus_numpy,
-                            repetition_penalty_numpy)
+from engine import kernels
+from engine.sampler import (Sampler, apply_repetition_penalty, filter_top_k_top_p, greedy_tokens, native_sample_row,
+                            nucleus_numpy, repetition_penalty_numpy)
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
@@ -80,12 +81,9 @@ def _nucleus_in_float64(x: torch.Tensor, top_k: int, top_p: float) -> list[int]:
     return sorted(order[:max(int((preceding < top_p).sum()), 1)].tolist())
 
 
-def test_the_numpy_nucleus_is_the_torch_filters():
-    """The sampled row's kept tokens (nucleus_numpy: fp32 exps, float64 sums, only the logits within
-    1e-4 / 1e-8 of the top ordered when they hold top_p) are the set of a float64 sort of every logit, and
-    the ones filter_top_k_top_p leaves finite: top-k, top-p, both, ties at the edge. Over a flat 49k
-    vocabulary torch's fp32 cumulative sum moves the edge by a token or two (4 of these 240 cases, where
-    the float64 sort agrees with nucleus_numpy): those are compared with the float64 sort only."""
+def _logit_rows():
+    """(x, scale, top_k, top_p): 49,152 / 1,000 / 37 / 2 seeded logits, flat to peaked (scale 0.3-10),
+    without and with ties (halves), under top_p 0.01-1 and top_k 0-40."""
     g = torch.Generator().manual_seed(1)
     for V in (49152, 1000, 37, 2):
         for scale in (0.3, 3.0, 10.0):
@@ -93,22 +91,74 @@ def test_the_numpy_nucleus_is_the_torch_filters():
                 for top_k in (0, 1, 5, 40):
                     for ties in (False, True):
                         x = torch.randn(V, generator=g) * scale
-                        if ties:
-                            x = (x * 2).round() / 2
-                        got = nucleus_numpy(x.numpy().copy(), top_k, top_p).tolist()
-                        if top_p < 1.0:
-                            assert got == _nucleus_in_float64(x, top_k, top_p)
-                        if V < 49152 or scale == 10.0 or top_p < 0.9:
-                            want = torch.isfinite(filter_top_k_top_p(x.clone(), top_k, top_p)).nonzero().flatten()
-                            assert got == want.tolist()
+                        yield ((x * 2).round() / 2 if ties else x), scale, top_k, top_p
 
 
-def test_a_sampled_row_draws_from_the_nucleus_without_torch_multinomial(monkeypatch):
-    """temperature 0.7, top_p 0.9 (the personas' default) on fp32 CPU logits: numpy's nucleus and one
-    uniform draw, no torch.multinomial / softmax / sort over the vocabulary (tens of ms on torch's two
-    threads under load). The draw's frequencies are the nucleus's renormalized probabilities (20,000
-    seeded draws: every token within 4.5 sigma, nothing outside the nucleus); the same seed gives the
-    same tokens."""
+def test_the_numpy_nucleus_is_the_torch_filters():
+    """The sampled row's kept tokens (nucleus_numpy: fp32 exps, float64 sums, only the logits within
+    1e-4 / 1e-8 of the top ordered when they hold top_p) are the set of a float64 sort of every logit, and
+    the ones filter_top_k_top_p leaves finite: top-k, top-p, both, ties at the edge. Over a flat 49k
+    vocabulary torch's fp32 cumulative sum moves the edge by a token or two (4 of these 240 cases, where
+    the float64 sort agrees with nucleus_numpy): those are compared with the float64 sort only."""
+    for x, scale, top_k, top_p in _logit_rows():
+        got = nucleus_numpy(x.numpy().copy(), top_k, top_p).tolist()
+        if top_p < 1.0:
+            assert got == _nucleus_in_float64(x, top_k, top_p)
+        if len(x) < 49152 or scale == 10.0 or top_p < 0.9:
+            want = torch.isfinite(filter_top_k_top_p(x.clone(), top_k, top_p)).nonzero().flatten()
+            assert got == want.tolist()
+
+
+@pytest.fixture(scope="module")
+def native_row():
+    """The fused kernels' C draw (engine/sample_rows.cpp), as the engine's Sampler gets it."""
+    if kernels.load_kernels() is None:
+        pytest.skip(f"the fused kernels do not build here: {kernels.unavailable_reason()}")
+    row = native_sample_row(kernels.library_path())
+    assert row is not None
+    return row
+
+
+def test_the_native_draw_is_the_numpy_draw(native_row):
+    """The C draw (temperature, top-k, nucleus, one uniform against the kept tokens' cumulative weights)
+    picks numpy's token for the same seeded uniform: 49,152 / 1,000 / 37 / 2 logits, flat to peaked, top_p
+    0.01-1, top_k 0-40, ties at the edge, two temperatures, five draws each (960 rows here, none
+    differing; the rule allows a difference only where a cumulative mass lands within rounding of top_p or
+    of the draw)."""
+    seed = 0
+    for x, scale, top_k, top_p in _logit_rows():
+        for temperature in (0.7, 1.0):
+            seed += 1
+            sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+            numpy_sampler, native_sampler = Sampler(), Sampler(native_row)
+            a, b = Sequence(1, [1], sampling), Sequence(1, [1], sampling)
+            want = [numpy_sampler.sample(x[None], [a])[0] for _ in range(5)]
+            got = [native_sampler.sample(x[None], [b])[0] for _ in range(5)]
+            assert got == want, (len(x), scale, top_p, top_k, temperature, seed)
+
+
+def test_the_native_draw_never_takes_a_masked_logit(native_row):
+    """-inf logits weigh nothing in the C draw (fast_exp's floor is not a weight): 2,000 draws over a
+    49,152-logit row with all but 3 masked, without top-p and with it; a temperature that is not a
+    positive number is an error, not a token."""
+    x = torch.full((49152,), float("-inf"))
+    x[[7, 20000, 49151]] = torch.tensor([0.5, 0.0, -0.5])
+    for top_p in (1.0, 0.99):
+        sampler = Sampler(native_row)
+        seq = Sequence(1, [1], SamplingParams(temperature=1.0, top_p=top_p, seed=3))
+        assert {sampler.sample(x[None], [seq])[0] for _ in range(2000)} == {7, 20000, 49151}
+    assert native_row(x.numpy().ctypes.data, 49152, float("nan"), 0, 1.0, 0.5) == -1
+    assert native_row(x.numpy().ctypes.data, 49152, -1.0, 0, 1.0, 0.5) == -1
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["numpy", "native"])
+def test_a_sampled_row_draws_from_the_nucleus_without_torch_multinomial(monkeypatch, native, request):
+    """temperature 0.7, top_p 0.9 (the personas' default) on fp32 CPU logits: the nucleus and one uniform
+    draw (numpy's, or the C one where the kernels load), no torch.multinomial / softmax / sort over the
+    vocabulary (tens of ms on torch's two threads under load). The draw's frequencies are the nucleus's
+    renormalized probabilities (20,000 seeded draws: every token within 4.5 sigma, nothing outside the
+    nucleus); the same seed gives the same tokens."""
+    row = request.getfixturevalue("native_row") if native else None
     for name in ("multinomial", "softmax", "sort"):
         monkeypatch.setattr(torch, name, lambda *a, _name=name, **k: pytest.fail(f"torch.{_name} was called"))
     monkeypatch.setattr(torch.Tensor, "softmax", lambda *a, **k: pytest.fail("Tensor.softmax was called"))
@@ -125,14 +175,14 @@ def test_a_sampled_row_draws_from_the_nucleus_without_torch_multinomial(monkeypa
     assert 3 < len(nucleus) < len(logits) - 2  # the nucleus really drops some tokens
     expected = np.zeros(len(logits))
     expected[nucleus] = probs[nucleus].numpy() / probs[nucleus].sum().item()
-    sampler, draws = Sampler(), 20000
+    sampler, draws = Sampler(row), 20000
     seq = Sequence(1, [1], SamplingParams(temperature=0.7, top_p=0.9, seed=11))
     tokens = [sampler.sample(logits[None], [seq])[0] for _ in range(draws)]
     counts = np.bincount(tokens, minlength=len(logits))
     assert counts[[i for i in range(len(logits)) if i not in nucleus]].sum() == 0
     sigma = np.sqrt(draws * expected * (1 - expected))
     assert np.all(np.abs(counts - draws * expected) <= 4.5 * sigma + 1e-9), (counts, draws * expected)
-    again = Sampler()
+    again = Sampler(row)
     assert [again.sample(logits[None], [seq])[0] for _ in range(200)] == tokens[:200]
 
 
@@ -191,7 +241,10 @@ def test_seeded_sampling_is_reproducible_per_sequence_in_a_batch():
 
 
 def test_seeded_generation_reproducible_and_batch_independent(int8_engine):
+    """A seeded sampled request gives the same tokens alone and beside another; where the kernels load the
+    engine's sampler draws in C (engine/sample_rows.cpp), and its tokens are the numpy sampler's."""
     engine = int8_engine
+    assert (engine.sampler.native_row is not None) == (engine.model.kernels is not None)
     prompt = [{"role": "user", "content": "Tell me a short story."}]
     sampling = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.1, max_tokens=10, seed=123)
     a = engine.submit(prompt, sampling)
@@ -201,3 +254,10 @@ def test_seeded_generation_reproducible_and_batch_independent(int8_engine):
     engine.run_until_idle()
     assert a.output_ids == b.output_ids and len(a.output_ids) == 10
     assert noise.finish_reason in ("length", "stop")
+    native, engine.sampler.native_row = engine.sampler.native_row, None
+    try:
+        c = engine.submit(prompt, sampling)
+        engine.run_until_idle()
+    finally:
+        engine.sampler.native_row = native
+    assert c.output_ids == a.output_ids
