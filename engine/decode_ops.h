@@ -104,15 +104,16 @@ struct AttentionArgs {
   float scale = 1.f / std::sqrt(static_cast<float>(d));
 };
 
-// The keys and values of the task a thread likely takes next (null: none), whose lines attend asks for into
-// L2 while it computes (spread over its loops: key block j's while it scores its own block j, value j's while
-// it weighs its own value j). Why: a decoding batch's attention read its keys and values cold (perf of an
-// 8-row step: ~60 % of attend's own samples on the values' loads) and serially with its arithmetic: the
-// lines of a whole layer touched during the qkv phase took attention from ~2.4 to ~1.3 ms CPU a step and
-// added ~1.1 to qkv (one thread). Spread like this, one thread at positions 40-104, alternating runs:
-// attention 1.69-1.94 ms CPU against 2.27-2.70 without (docs/engine.md, sixteenth session).
+// A task's attended keys and values (attended_kv), and as attend's `next`, those of the task a thread likely
+// takes next (null: none), whose lines attend asks for into L2 while it computes (spread over its loops: key
+// block j's while it scores its own block j, value j's while it weighs its own value j). Why: a decoding
+// batch's attention read its keys and values cold (perf of an 8-row step: ~60 % of attend's own samples on
+// the values' loads) and serially with its arithmetic: the lines of a whole layer touched during the qkv
+// phase took attention from ~2.4 to ~1.3 ms CPU a step and added ~1.1 to qkv (one thread). Spread like this,
+// one thread at positions 40-104, alternating runs: attention 1.69-1.94 ms CPU against 2.27-2.70 without
+// (docs/engine.md, sixteenth session).
 template <class KV>
-struct NextKV {
+struct TaskKV {
   const KV *keys = nullptr, *values = nullptr;
   int64_t n_keys = 0;
 };
@@ -212,7 +213,7 @@ inline int64_t argmax_index(uint64_t key) { return int64_t(0xffffffffu - uint32_
 // 16 dot products kept as vectors, reduced 4 at a time (gemm::hsum4). -> the keys done.
 template <int D16, class KV>
 inline void scores_by_16(const float* q, int64_t R, const KV* keys, int64_t n16, float scale, float* scores,
-                         int64_t n_keys, const NextKV<KV>& next) {
+                         int64_t n_keys, const TaskKV<KV>& next) {
   constexpr int64_t d = 16 * D16;
   const __m128 s = _mm_set1_ps(scale);
   for (int64_t r = 0; r < R; ++r) {
@@ -237,7 +238,7 @@ inline void scores_by_16(const float* q, int64_t R, const KV* keys, int64_t n16,
 // (d = 16 D16 a compile-time size, so a block's 16 accumulators stay in registers.)
 template <class KV>
 inline int64_t scores_by_16(const float* q, int64_t R, const KV* keys, int64_t n_keys, int64_t d, float scale,
-                            float* scores, const NextKV<KV>& next = {}) {
+                            float* scores, const TaskKV<KV>& next = {}) {
   const int64_t n16 = n_keys / 16 * 16;
   if (next.keys && n16 < next.n_keys) prefetch_rows(next.keys, n16, next.n_keys, d);  // the keys past this task's blocks
   switch (d / 16) {
@@ -299,7 +300,7 @@ inline float max_of(const float* x, int64_t n) {
 // 20 / D16 heads held in registers while the values pass once.
 template <int D16, class KV>
 inline void weigh_values(const AttentionScratch& scratch, int64_t R, int64_t n_keys, const KV* values, float* out,
-                         const NextKV<KV>& next = {}) {
+                         const TaskKV<KV>& next = {}) {
   if (next.values) prefetch_rows(next.values, std::min(n_keys, next.n_keys), next.n_keys, 16 * D16);  // past this task's
   constexpr int kHeads = D16 == 4 ? 5 : 2;
   for (int64_t r0 = 0; r0 < R; r0 += kHeads) {
@@ -326,6 +327,16 @@ inline void weigh_values(const AttentionScratch& scratch, int64_t R, int64_t n_k
 }
 #endif
 
+// Task t's (row b, kv head g) attended keys and values: positions first..position of the row's slot (first >
+// 0 only under a sliding window), for attend, its prefetches and the next task's.
+template <class KV>
+inline TaskKV<KV> attended_kv(const AttentionArgs<KV>& a, int64_t t) {
+  const int64_t b = t / a.Hkv, g = t % a.Hkv, pos = a.positions[b];
+  const int64_t first = a.window > 0 ? std::max<int64_t>(0, pos + 1 - a.window) : 0;
+  const int64_t offset = ((a.slots[b] * a.Hkv + g) * a.L + first) * a.d;
+  return {a.k_cache + offset, a.v_cache + offset, pos + 1 - first};
+}
+
 // The first line of each 4 KB page of the keys and values that task t = (row b, kv head g) attends
 // (positions first..position of its slot; attend's), asked for ahead: the keys into L1 when `now` (the
 // task starts), else into L2 as its values. Why: a decoding row's task reads two streams of ~28 KB (its
@@ -336,14 +347,13 @@ inline void weigh_values(const AttentionScratch& scratch, int64_t R, int64_t n_k
 // eleventh session; 24 tasks at positions 50-170, cold, one thread).
 template <class KV>
 inline void prefetch_kv_pages(const AttentionArgs<KV>& a, int64_t t, bool now) {
-  const int64_t Hkv = a.Hkv, d = a.d, b = t / Hkv, g = t % Hkv, pos = a.positions[b];
-  const int64_t first = a.window > 0 ? std::max<int64_t>(0, pos + 1 - a.window) : 0;
-  const int64_t offset = ((a.slots[b] * Hkv + g) * a.L + first) * d, n = (pos + 1 - first) * d;
+  const TaskKV<KV> kv = attended_kv(a, t);
+  const int64_t n = kv.n_keys * a.d;
   constexpr int64_t kPage = 4096 / sizeof(KV);
   for (int64_t o = 0; o < n; o += kPage) {
-    if (now) __builtin_prefetch(a.k_cache + offset + o, 0, 3);  // T0
-    else __builtin_prefetch(a.k_cache + offset + o, 0, 2);     // T1
-    __builtin_prefetch(a.v_cache + offset + o, 0, 2);
+    if (now) __builtin_prefetch(kv.keys + o, 0, 3);  // T0
+    else __builtin_prefetch(kv.keys + o, 0, 2);     // T1
+    __builtin_prefetch(kv.values + o, 0, 2);
   }
 }
 
@@ -355,18 +365,16 @@ inline void prefetch_kv_pages(const AttentionArgs<KV>& a, int64_t t, bool now) {
 // out_row: where row b's outputs go (its H d values; null: row b of a.out).
 template <class KV>
 inline void attend(const AttentionArgs<KV>& a, int64_t t, AttentionScratch& scratch, int64_t first_head = 0,
-                   int64_t end_head = -1, float* out_row = nullptr, const NextKV<KV>& next = {}) {
-  const int64_t H = a.H, Hkv = a.Hkv, d = a.d, L = a.L, R = (end_head < 0 ? H / Hkv : end_head) - first_head;
+                   int64_t end_head = -1, float* out_row = nullptr, const TaskKV<KV>& next = {}) {
+  const int64_t H = a.H, Hkv = a.Hkv, d = a.d, R = (end_head < 0 ? H / Hkv : end_head) - first_head;
   scratch.q.resize(R * d);
   scratch.inv_total.resize(R);
-  const int64_t b = t / Hkv, g = t % Hkv, pos = a.positions[b];
-  const int64_t first = a.window > 0 ? std::max<int64_t>(0, pos + 1 - a.window) : 0, n_keys = pos + 1 - first;
+  const int64_t b = t / Hkv, g = t % Hkv;
+  const TaskKV<KV> kv = attended_kv(a, t);
+  const int64_t n_keys = kv.n_keys;
+  const KV *keys = kv.keys, *values = kv.values;  // the n_keys attended: positions first..pos
   const float* src = a.qkv + b * a.row;
   const float *c = a.cos + b * d, *s = a.sin + b * d;
-  const KV* slot_keys = a.k_cache + ((a.slots[b] * Hkv + g) * L) * d;
-  const KV* slot_values = a.v_cache + ((a.slots[b] * Hkv + g) * L) * d;
-  const KV* keys = slot_keys + first * d;  // the n_keys attended: positions first..pos
-  const KV* values = slot_values + first * d;
   // HF's grouping: query head h = g * (H / Hkv) + r uses kv head g; this task's are r = first_head + 0..R-1.
   const int64_t h0 = g * (H / Hkv) + first_head;
   for (int64_t r = 0; r < R; ++r) rope_into(src + (h0 + r) * d, c, s, d, scratch.q.data() + r * d);

@@ -296,7 +296,7 @@ class NativeDecoder : public torch::CustomClassHolder {
   void set_act_scratch(bool on) { act_scratch_ = on; }
   bool act_scratch() const { return act_scratch_; }
   // A decoding row's attention task asks for the lines of the task its thread likely takes next while it
-  // computes (on: attend's NextKV, spread over its loops), or only for their pages' first lines (off: as
+  // computes (on: attend's next TaskKV, spread over its loops), or only for their pages' first lines (off: as
   // before; tests compare the two). Prefetches only: the same results.
   void set_kv_ahead(bool on) { kv_ahead_ = on; }
   bool kv_ahead() const { return kv_ahead_; }
@@ -774,15 +774,11 @@ class StepWork : public PhasedWork {
           // This task's pages of keys and values, and those of the task this thread likely takes next
           // (the step pool's front end walks up, its back end down).
           const int64_t next = descending ? t - 1 : t + 1;
+          const bool has_next = next >= 0 && next < T * m.Hkv;
           prefetch_kv_pages(args, t, true);
-          if (next >= 0 && next < T * m.Hkv && next != t) prefetch_kv_pages(args, next, false);
-          NextKV<KV> ahead;  // the next task's keys and values, asked for while this one computes
-          if (m.kv_ahead_ && next >= 0 && next < T * m.Hkv && next != t) {
-            const int64_t b = next / m.Hkv, g = next % m.Hkv, pos = positions[b];
-            const int64_t first = m.window > 0 ? std::max<int64_t>(0, pos + 1 - m.window) : 0;
-            const int64_t offset = ((slots[b] * m.Hkv + g) * m.L + first) * m.d;
-            ahead = {args.k_cache + offset, args.v_cache + offset, pos + 1 - first};
-          }
+          if (has_next) prefetch_kv_pages(args, next, false);
+          // the next task's keys and values, asked for while this one computes
+          const TaskKV<KV> ahead = m.kv_ahead_ && has_next ? attended_kv(args, next) : TaskKV<KV>{};
           attend(args, t, scratch[worker], h0, h1, nullptr, ahead);
           if (buf.attnq.q || buf.attni.q1) quantize_heads(t, h0, h1);
         }
