@@ -1115,19 +1115,30 @@ at::Tensor NativeDecoder::step(const at::Tensor& tokens, const at::Tensor& posit
 // (the logits themselves are not returned). A decode batch is T = L rows; a prompt's step has T rows, of
 // which its chunks' last ones want a token. Returns nullptr, or the error's message (valid until this
 // thread's next call).
-extern "C" const char* voxlane_greedy_rows(voxlane::NativeDecoder* decoder, int64_t* rows, int64_t T,
-                                           int64_t* logit_rows, int64_t L, int64_t* argmax) {
+namespace {
+// decoder's step of the rows (as voxlane_greedy_rows' arguments), then done(the step's logits [L, V]) ->
+// nullptr, or the error's message (valid until this thread's next call): the C calls' common part.
+template <class Done>
+const char* c_step(voxlane::NativeDecoder* decoder, int64_t* rows, int64_t T, int64_t* logit_rows, int64_t L,
+                   Done&& done) {
   thread_local std::string error;
   try {
     const auto row = [&](int64_t k) { return at::from_blob(rows + k * T, {T}, at::kLong); };
-    decoder->step(row(0), row(1), row(2), at::from_blob(logit_rows, {L}, at::kLong));
-    const std::vector<int64_t> found = decoder->argmax();
-    std::copy(found.begin(), found.end(), argmax);
+    done(decoder->step(row(0), row(1), row(2), at::from_blob(logit_rows, {L}, at::kLong)));
     return nullptr;
   } catch (const std::exception& e) {
     error = e.what();
     return error.c_str();
   }
+}
+}  // namespace
+
+extern "C" const char* voxlane_greedy_rows(voxlane::NativeDecoder* decoder, int64_t* rows, int64_t T,
+                                           int64_t* logit_rows, int64_t L, int64_t* argmax) {
+  return c_step(decoder, rows, T, logit_rows, L, [&](const at::Tensor&) {
+    const std::vector<int64_t> found = decoder->argmax();
+    std::copy(found.begin(), found.end(), argmax);
+  });
 }
 
 // The same step for a sampled plan: the logit rows' logits [L, V] copied into `logits` (L x V floats, the
@@ -1135,16 +1146,9 @@ extern "C" const char* voxlane_greedy_rows(voxlane::NativeDecoder* decoder, int6
 // tensor cost a sampled decode step what they cost the greedy one before voxlane_greedy_rows.
 extern "C" const char* voxlane_logits_rows(voxlane::NativeDecoder* decoder, int64_t* rows, int64_t T,
                                            int64_t* logit_rows, int64_t L, float* logits) {
-  thread_local std::string error;
-  try {
-    const auto row = [&](int64_t k) { return at::from_blob(rows + k * T, {T}, at::kLong); };
-    const at::Tensor out = decoder->step(row(0), row(1), row(2), at::from_blob(logit_rows, {L}, at::kLong));
+  return c_step(decoder, rows, T, logit_rows, L, [&](const at::Tensor& out) {
     std::memcpy(logits, out.data_ptr<float>(), static_cast<size_t>(out.numel()) * sizeof(float));
-    return nullptr;
-  } catch (const std::exception& e) {
-    error = e.what();
-    return error.c_str();
-  }
+  });
 }
 
 extern "C" void voxlane_expect_step(voxlane::NativeDecoder* decoder, int64_t us) { decoder->expect_step(us); }

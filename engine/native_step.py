@@ -139,10 +139,7 @@ class StepCalls:
         """``NativeDecoder.step`` of any rows (prompt chunks, and decode rows after them) -> the argmax of
         each of ``logit_rows`` (indices into the rows)."""
         T, L = len(token_ids), len(logit_rows)
-        buffer = np.empty(3 * T + 2 * L, dtype=np.int64)  # tokens, positions, slots [3, T]; logit rows; argmax
-        buffer[:3 * T] = token_ids + positions + slots
-        buffer[3 * T:3 * T + L] = logit_rows
-        address = buffer.ctypes.data
+        buffer, address = self._inputs(token_ids, positions, slots, logit_rows, L)  # then the argmax
         self._call(address, T, address + 3 * T * 8, L, address + (3 * T + L) * 8)
         return buffer[3 * T + L:].tolist()
 
@@ -150,13 +147,21 @@ class StepCalls:
         """``NativeDecoder.step`` of any rows -> the logits [L, V] of ``logit_rows`` (a new float buffer the
         tensor owns: the sampler's rows may outlive the next step)."""
         T, L = len(token_ids), len(logit_rows)
-        rows = np.empty(3 * T + L, dtype=np.int64)  # tokens, positions, slots [3, T]; logit rows
-        rows[:3 * T] = token_ids + positions + slots
-        rows[3 * T:] = logit_rows
+        inputs, address = self._inputs(token_ids, positions, slots, logit_rows)  # kept alive through the call
         logits = np.empty((L, self.vocab_size), dtype=np.float32)
-        address = rows.ctypes.data
         self._call(address, T, address + 3 * T * 8, L, logits.ctypes.data, self._logits_call)
         return torch.from_numpy(logits)
+
+    @staticmethod
+    def _inputs(token_ids: list[int], positions: list[int], slots: list[int], logit_rows: list[int],
+                extra: int = 0) -> tuple[np.ndarray, int]:
+        """A step's int64 inputs in one new buffer: tokens, positions, slots [3, T], the logit rows, then
+        ``extra`` words for the call's output -> (buffer, its address)."""
+        T, L = len(token_ids), len(logit_rows)
+        buffer = np.empty(3 * T + L + extra, dtype=np.int64)
+        buffer[:3 * T] = token_ids + positions + slots
+        buffer[3 * T:3 * T + L] = logit_rows
+        return buffer, buffer.ctypes.data
 
     def _call(self, rows: int, T: int, logit_rows: int, L: int, out: int, call=None) -> None:
         error = (call or self._rows_call)(self._address, rows, T, logit_rows, L, out)
