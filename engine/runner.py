@@ -121,15 +121,18 @@ class ModelRunner:
         for (seq, _), logits in zip(inner, prefill_logits[len(chunks):]):
             result.probes.append((seq, probability_of(logits, seq.probe_ids)))
         for (seq, _, _), logits in zip(plan.prefills, prefill_logits[:len(chunks)]):
-            if logits is None:
-                continue
-            if seq.probe_ids is not None and seq.probe_at is None:
-                result.probes.append((seq, probability_of(logits, seq.probe_ids)))
-            else:
-                self._sample(logits[None], [seq], result)
+            if logits is not None:
+                self._prompt_end(seq, logits, result)
         if seqs:
             self._sample(decode_logits, seqs, result)
         return result
+
+    def _prompt_end(self, seq: Sequence, logits: Tensor, result: RunResult) -> None:
+        """A prompt's last logits [V]: a probe's probability (a probe-only request), else its first token."""
+        if seq.probe_ids is not None and seq.probe_at is None:
+            result.probes.append((seq, probability_of(logits, seq.probe_ids)))
+        else:
+            self._sample(logits[None], [seq], result)
 
     def _greedy(self, plan: StepPlan) -> bool:
         """Whether every token the plan samples is its row's argmax: greedy plain decode rows, and prompts
@@ -172,14 +175,10 @@ class ModelRunner:
         logits = self.step_calls.logits(tokens, rows_positions, rows_slots, logit_rows)  # [L, V]
         self._note_chunks(chunks)
         self._note_decoded(slots, positions)
-        ending = [plan.prefills[i][0] for i in wanted]
-        for i, seq in enumerate(ending):
-            if seq.probe_ids is not None and seq.probe_at is None:
-                result.probes.append((seq, probability_of(logits[i], seq.probe_ids)))
-            else:
-                self._sample(logits[i:i + 1], [seq], result)
+        for i, chunk in enumerate(wanted):
+            self._prompt_end(plan.prefills[chunk][0], logits[i], result)
         if seqs:
-            self._sample(logits[len(ending):], seqs, result)
+            self._sample(logits[len(wanted):], seqs, result)
         return result
 
     def expect_step(self, follows: bool) -> None:
