@@ -50,7 +50,8 @@ namespace voxlane {
 // What a step runs: phases() phases of size(p) units; run(p, u0, u1, worker, descending) does units
 // [u0, u1) of phase p, a task (worker in [0, threads): for per-thread scratch; descending: the task
 // was taken from the phase's back end, see StepPool, and may walk its memory downwards). A task is at
-// most max_chunk(p) units. With has_tail(p) (a phase with units), tail(p, worker) runs once, on the
+// most max_chunk(p) units. halves(p): on several threads the phase is split in two halves that the two
+// ends each walk upwards (see StepPool). With has_tail(p) (a phase with units), tail(p, worker) runs once, on the
 // thread that completes the phase's last unit, before the phase counts as complete (a row norm that
 // needs the whole phase's output, without a phase and a hand-off of its own). prefetch(p, u0, u1,
 // descending): a task's first memory, asked for when its thread has to wait for the phase before.
@@ -66,6 +67,7 @@ struct PhasedWork {
   // How many steps this one counts as in the stall fallback's spans and clean steps (StallFallback): 1,
   // or for work of several decode steps' time (a prompt chunk) about that many.
   virtual int64_t weight() const { return 1; }
+  virtual bool halves(int64_t) const { return false; }
 };
 
 // The stall fallback's policy (see the header): whether a step asked for on several threads runs on
@@ -140,14 +142,23 @@ class StallFallback {
 
 class StepPool {
  public:
-  // 64-bit ticket word: generation (16 bits) | phase (12) | front (18) | back (18): the units not yet
-  // taken of the current phase are [front, back). Even workers take tasks from the front, odd ones from
-  // the back (so with two threads each walks its own end of a matrix, and they meet where the work
-  // splits evenly). A task is the units left / (2 x threads), at least 1 and at most max_chunk(p): large
-  // while much is left, single units where the two ends meet, so a thread waits at a phase's end for
-  // at most about one unit of the other's work. Taking a phase's last units moves the word to the next
-  // phase with units (or to phase = kDone: the step's tasks are all taken).
-  static constexpr int kUnitBits = 18, kPhaseBits = 12;
+  // 64-bit ticket word: generation (16 bits) | phase (12) | mode (2) | a (17) | b (17). Even workers are
+  // the phase's front end, odd ones its back end. Mode kOne: the units not yet taken are [a, b), the
+  // front end takes tasks from a (upwards), the back end from b (downwards), so with two threads each
+  // walks its own end of a matrix and they meet where the work splits evenly; kOneReversed: the same
+  // with the ends swapped. A task is the units left / (2 x threads), at least 1 and at most
+  // max_chunk(p): large while much is left, single units where the two ends meet, so a thread waits at
+  // a phase's end for at most about one unit of the other's work. Taking a phase's last units moves the
+  // word to the next phase with units (or to phase = kDone: the step's tasks are all taken).
+  // Mode kHalves (a phase with halves(p), on several threads): the units left are [a, mid) and [b,
+  // size) (mid_[p]: half the phase), the front end takes tasks from a, the back end from b, both
+  // upwards; once one half is all taken the other's rest is one range (kOne or kOneReversed) whose far
+  // end the idle thread takes from. Why: a back end walking down takes each task below its last, so
+  // the memory it streams (a matrix's weight groups, read upwards in a task) starts cold at every task:
+  // its tasks of a 43-token prompt's gate/up took 10.1-11.0 us a unit against the front end's 9.0-9.7
+  // (docs/engine.md, fourteenth session), and one half-phase task for it took 0.95x its gate/up CPU.
+  static constexpr int kUnitBits = 17, kPhaseBits = 12, kModeShift = 2 * kUnitBits;
+  static constexpr int64_t kOne = 0, kOneReversed = 1, kHalves = 2;
   static constexpr uint64_t kUnitMask = (1ull << kUnitBits) - 1, kPhaseMask = (1ull << kPhaseBits) - 1;
   static constexpr int64_t kMaxUnits = int64_t(kUnitMask);  // per phase
   static constexpr int64_t kDone = int64_t(kPhaseMask);     // the phase field once every task is taken
@@ -177,6 +188,7 @@ class StepPool {
       needed_ = std::make_unique<int64_t[]>(phases);
       chunk_ = std::make_unique<int64_t[]>(phases);
       after_ = std::make_unique<int64_t[]>(phases);
+      mid_ = std::make_unique<int64_t[]>(phases);
       next_ = std::make_unique<int64_t[]>(phases + 1);
       capacity_ = phases;
     }
@@ -190,6 +202,7 @@ class StepPool {
       needed_[p] = size_[p] + (tail ? 1 : 0);
       chunk_[p] = std::max<int64_t>(1, work.max_chunk(p));
       after_[p] = last;
+      mid_[p] = threads > 1 && halves_ && size_[p] >= 2 && work.halves(p) ? size_[p] / 2 : 0;
       done_[p].n.store(0, std::memory_order_relaxed);
       if (size_[p] > 0) last = p;
     }
@@ -205,7 +218,7 @@ class StepPool {
     started_ = start;
     // Publishing the ticket word publishes everything above to helpers that take a ticket; seq_cst
     // with the load of sleeping_ below, so a helper going to sleep either sees it or is woken.
-    ticket_.store(word(generation_, next_[0], 0, size_[next_[0]]), std::memory_order_seq_cst);
+    ticket_.store(first_word(generation_, next_[0]), std::memory_order_seq_cst);
     if (sleeping_.load(std::memory_order_seq_cst) > 0) {
       std::lock_guard<std::mutex> lock(mutex_);
       wake_.notify_all();
@@ -255,6 +268,11 @@ class StepPool {
       wake_.notify_all();
     }
   }
+
+  // Phases with halves(p) split in two halves walked upwards by both ends (on: the default), or taken as
+  // one range from its two ends (A/B measurements, tests).
+  void set_halves(bool on) { halves_ = on; }
+  bool halves() const { return halves_; }
 
   // Steps run on the calling thread alone because helpers stalled (see the header).
   int64_t solo_steps() const { return fallback_.solo_steps(); }
@@ -315,7 +333,7 @@ class StepPool {
   // (+ tail) when complete, the most units per task, the phase it waits for (the last one before it
   // with units; -1: none); next_[p]: the first phase >= p with units (-1: none).
   std::unique_ptr<Counter[]> done_;
-  std::unique_ptr<int64_t[]> size_, needed_, chunk_, after_, next_;
+  std::unique_ptr<int64_t[]> size_, needed_, chunk_, after_, next_, mid_;  // mid_: 0 (no halves) or kHalves' split
   int64_t capacity_ = 0;
   int threads_ = 1;  // this step's
   PhasedWork* work_ = nullptr;
@@ -325,6 +343,7 @@ class StepPool {
   // prefill chunk takes ~0.4 ms on one core, and a stall counts only past a quarter of the step.
   static constexpr int64_t kStallNs = 1000000;
   bool stall_fallback_ = true;
+  bool halves_ = true;  // set_halves
   StallFallback fallback_;
   bool scripted_ = false;          // script_steps()
   std::vector<int64_t> script_;    // its verdicts still to use
@@ -364,8 +383,14 @@ class StepPool {
     else sched_yield();  // under load: let a paused thread (maybe the one holding our input) run
   }
 
-  static uint64_t word(uint64_t generation, int64_t phase, int64_t front, int64_t back) {
-    return (generation << 48) | (uint64_t(phase) << (2 * kUnitBits)) | (uint64_t(front) << kUnitBits) | uint64_t(back);
+  static uint64_t word(uint64_t generation, int64_t phase, int64_t mode, int64_t a, int64_t b) {
+    return (generation << 48) | (uint64_t(phase) << (kModeShift + 2)) | (uint64_t(mode) << kModeShift) |
+           (uint64_t(a) << kUnitBits) | uint64_t(b);
+  }
+  // The word of phase p's start (p = -1: the step's tasks are all taken).
+  uint64_t first_word(uint64_t generation, int64_t p) const {
+    if (p < 0) return word(generation, kDone, kOne, 0, 0);
+    return mid_[p] > 0 ? word(generation, p, kHalves, 0, mid_[p]) : word(generation, p, kOne, 0, size_[p]);
   }
 
   void ensure_helpers(int count) {
@@ -395,20 +420,37 @@ class StepPool {
     for (;;) {
       uint64_t ticket = ticket_.load(std::memory_order_acquire);
       int64_t phase, u0, u1;
+      bool descending;  // the task was taken from its range's upper end
       for (;;) {
-        phase = int64_t((ticket >> (2 * kUnitBits)) & kPhaseMask);
+        phase = int64_t((ticket >> (kModeShift + 2)) & kPhaseMask);
         if ((ticket >> 48) != generation || phase == kDone) {
           if (stats) lap(stats->other_ns);
           return;
         }
-        const int64_t front = int64_t((ticket >> kUnitBits) & kUnitMask), back = int64_t(ticket & kUnitMask);
-        const int64_t chunk = std::clamp<int64_t>((back - front) / (2 * threads_), 1, chunk_[phase]);
-        u0 = back_end ? back - chunk : front;
-        u1 = back_end ? back : front + chunk;
+        const int64_t mode = int64_t((ticket >> kModeShift) & 3);
+        const int64_t a = int64_t((ticket >> kUnitBits) & kUnitMask), b = int64_t(ticket & kUnitMask);
         uint64_t next;
-        if (back - front > chunk) next = back_end ? word(generation, phase, front, u0) : word(generation, phase, u1, back);
-        else if (const int64_t np = next_[phase + 1]; np >= 0) next = word(generation, np, 0, size_[np]);
-        else next = word(generation, kDone, 0, 0);
+        if (mode == kHalves) {  // [a, mid) and [b, size), each end taking from its own half's start
+          const int64_t mid = mid_[phase], size = size_[phase];
+          const int64_t chunk = std::clamp<int64_t>((mid - a + size - b) / (2 * threads_), 1, chunk_[phase]);
+          descending = false;
+          if (!back_end) {
+            u0 = a;
+            u1 = std::min(mid, a + chunk);
+            next = u1 < mid ? word(generation, phase, kHalves, u1, b) : word(generation, phase, kOneReversed, b, size);
+          } else {
+            u0 = b;
+            u1 = std::min(size, b + chunk);
+            next = u1 < size ? word(generation, phase, kHalves, a, u1) : word(generation, phase, kOne, a, mid);
+          }
+        } else {  // [a, b): kOne's front end takes from a, its back end from b; kOneReversed the other way
+          const int64_t chunk = std::clamp<int64_t>((b - a) / (2 * threads_), 1, chunk_[phase]);
+          descending = back_end == (mode == kOne);
+          u0 = descending ? b - chunk : a;
+          u1 = descending ? b : a + chunk;
+          if (b - a > chunk) next = descending ? word(generation, phase, mode, a, u0) : word(generation, phase, mode, u1, b);
+          else next = first_word(generation, next_[phase + 1]);
+        }
         if (ticket_.compare_exchange_weak(ticket, next, std::memory_order_acq_rel, std::memory_order_acquire)) break;
       }
       if (const int64_t before = after_[phase]; before >= 0) {
@@ -417,14 +459,14 @@ class StepPool {
         if (stats) lap(stats->other_ns);
         if (done->load(std::memory_order_acquire) < needed) {
           if (stats) ++stats->waits;
-          work_->prefetch(phase, u0, u1, back_end);  // while the other threads finish the phase before
+          work_->prefetch(phase, u0, u1, descending);  // while the other threads finish the phase before
           wait_until([&] { return done->load(std::memory_order_acquire) >= needed; }, worker == 0);
         }
         if (stats) lap(stats->wait_ns);
       } else if (stats) {
         lap(stats->other_ns);
       }
-      work_->run(phase, u0, u1, worker, back_end);
+      work_->run(phase, u0, u1, worker, descending);
       if (stats) {
         lap(stats->task_ns);
         ++stats->tasks;
