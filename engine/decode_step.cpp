@@ -303,6 +303,10 @@ class NativeDecoder : public torch::CustomClassHolder {
   // its two ends (A/B, tests).
   void set_halves(bool on) { pool_.set_halves(on); }
   bool halves() const { return pool_.halves(); }
+  // StepPool::set_steer: sleeping helpers woken off the waking thread's CPU (on), or wherever the OS puts them.
+  void set_steer(bool on) { pool_.set_steer(on); }
+  bool steer() const { return pool_.steer(); }
+  int64_t steers() { return pool_.steers(); }
   bool kv_ahead() const { return kv_ahead_; }
   // A prompt's attention outputs in the worker's scratch where o_proj reads only their int16 blocks (on:
   // StepWork::attn_local), or in the step's shared attn (off: as before).
@@ -1194,6 +1198,9 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("set_kv_ahead", &voxlane::NativeDecoder::set_kv_ahead)
       .def("set_halves", &voxlane::NativeDecoder::set_halves)
       .def("halves", &voxlane::NativeDecoder::halves)
+      .def("set_steer", &voxlane::NativeDecoder::set_steer)
+      .def("steer", &voxlane::NativeDecoder::steer)
+      .def("steers", &voxlane::NativeDecoder::steers)
       .def("kv_ahead", &voxlane::NativeDecoder::kv_ahead)
       .def("set_act_scratch", &voxlane::NativeDecoder::set_act_scratch)
       .def("set_attn_scratch", &voxlane::NativeDecoder::set_attn_scratch)

@@ -44,6 +44,9 @@
 #define VOXLANE_PAUSE() ((void)0)
 #endif
 #include <sched.h>
+#if defined(__linux__)
+#include <pthread.h>
+#endif
 
 namespace voxlane {
 
@@ -219,10 +222,7 @@ class StepPool {
     // Publishing the ticket word publishes everything above to helpers that take a ticket; seq_cst
     // with the load of sleeping_ below, so a helper going to sleep either sees it or is woken.
     ticket_.store(first_word(generation_, next_[0]), std::memory_order_seq_cst);
-    if (sleeping_.load(std::memory_order_seq_cst) > 0) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      wake_.notify_all();
-    }
+    if (sleeping_.load(std::memory_order_seq_cst) > 0) wake_sleepers();
     const bool profiling = profiling_now();
     participate(0, generation_, profiling);
     const auto tail = profiling ? std::chrono::steady_clock::now() : start;
@@ -263,10 +263,20 @@ class StepPool {
     }
     linger_until_.store(now_ns() + us * 1000, std::memory_order_seq_cst);
     // seq_cst with a helper's increment of sleeping_ before it checks linger_until_ (helper_main)
-    if (sleeping_.load(std::memory_order_seq_cst) > 0) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      wake_.notify_all();
-    }
+    if (sleeping_.load(std::memory_order_seq_cst) > 0) wake_sleepers();
+  }
+
+  // Sleeping helpers woken off the waking thread's CPU (on: the default), or wherever the OS puts them.
+  void set_steer(bool on) { steer_ = on; }
+  bool steer() const { return steer_; }
+  // Wakes so far that steered the helpers (tests).
+  int64_t steers() {
+#if defined(__linux__)
+    std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<int64_t>(steers_);
+#else
+    return 0;
+#endif
   }
 
   // Phases with halves(p) split in two halves walked upwards by both ends (on: the default), or taken as
@@ -344,6 +354,11 @@ class StepPool {
   static constexpr int64_t kStallNs = 1000000;
   bool stall_fallback_ = true;
   bool halves_ = true;  // set_halves
+  bool steer_ = true;   // set_steer
+#if defined(__linux__)
+  cpu_set_t wake_mask_;   // the last steering waker's CPUs, which a steered helper takes back once awake
+  uint64_t steers_ = 0;   // wakes that steered the helpers (both under mutex_)
+#endif
   StallFallback fallback_;
   bool scripted_ = false;          // script_steps()
   std::vector<int64_t> script_;    // its verdicts still to use
@@ -391,6 +406,29 @@ class StepPool {
   uint64_t first_word(uint64_t generation, int64_t p) const {
     if (p < 0) return word(generation, kDone, kOne, 0, 0);
     return mid_[p] > 0 ? word(generation, p, kHalves, 0, mid_[p]) : word(generation, p, kOne, 0, size_[p]);
+  }
+
+  // Wakes the sleeping helpers, steered off this thread's CPU first. Why: woken by the thread that is about
+  // to run a step, a helper was at times queued on that thread's own CPU (the kernel's wake-affine choice)
+  // and joined the step only when the scheduler moved it, 2-4 ms late (a 43-token prompt after idling: 2 of
+  // 10 prompts, docs/engine.md); allowed only the other CPUs it starts there, and once awake it takes the
+  // waker's CPUs back (helper_main), so the scheduler may move it later as usual. Nothing where this
+  // thread may run on one CPU only, or without Linux's affinity calls, or while a helper is awake (each
+  // steered helper is asleep, so it takes the CPUs back when it wakes).
+  void wake_sleepers() {
+    std::lock_guard<std::mutex> lock(mutex_);
+#if defined(__linux__)
+    const int cpu = sched_getcpu();
+    if (steer_ && sleeping_.load(std::memory_order_relaxed) == static_cast<int>(helpers_.size()) && cpu >= 0 &&
+        pthread_getaffinity_np(pthread_self(), sizeof wake_mask_, &wake_mask_) == 0 &&
+        CPU_ISSET(cpu, &wake_mask_) && CPU_COUNT(&wake_mask_) > 1) {
+      cpu_set_t others = wake_mask_;
+      CPU_CLR(cpu, &others);
+      for (auto& helper : helpers_) pthread_setaffinity_np(helper.native_handle(), sizeof others, &others);
+      ++steers_;
+    }
+#endif
+    wake_.notify_all();
   }
 
   void ensure_helpers(int count) {
@@ -497,12 +535,22 @@ class StepPool {
         slept = true;
         std::unique_lock<std::mutex> lock(mutex_);
         sleeping_.fetch_add(1, std::memory_order_seq_cst);
+#if defined(__linux__)
+        const uint64_t steers = steers_;
+#endif
         wake_.wait(lock, [&] {
           return stop_ || linger_until_.load(std::memory_order_seq_cst) > now_ns() ||
                  (ticket_.load(std::memory_order_seq_cst) >> 48) != seen;
         });
         sleeping_.fetch_sub(1, std::memory_order_seq_cst);
         if (stop_) return;
+#if defined(__linux__)
+        if (steers_ != steers) {  // woken off the waker's CPU (wake_sleepers): its CPUs back, now that it runs
+          const cpu_set_t mask = wake_mask_;
+          lock.unlock();
+          pthread_setaffinity_np(pthread_self(), sizeof mask, &mask);
+        }
+#endif
         gen = ticket_.load(std::memory_order_acquire) >> 48;
         if (gen == seen) continue;  // woken by expect_step: spin for the step (awake when it starts)
       }
