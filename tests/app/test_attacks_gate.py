@@ -69,10 +69,15 @@ def test_every_route_needs_the_token(guarded, path):
 
 
 def test_uploads_need_the_token_and_are_capped(guarded):
+    """An upload above max_body_bytes (2 MiB against 1) gets its 413 every time: the gate reads and drops the
+    refused body before answering (gate.DRAIN_LIMITS), where closing on its unread bytes reset the connection
+    and the client lost the answer (1 in ~20 of these uploads)."""
     files = {"files": ("a.txt", b"x" * (64 << 10))}
     assert httpx.post(guarded.url + "/gradio_api/upload", files=files, timeout=30).status_code == 401
     big = {"files": ("a.txt", b"x" * (2 << 20))}
-    assert httpx.post(guarded.url + "/gradio_api/upload", files=big, headers=AUTH, timeout=60).status_code == 413
+    codes = [httpx.post(guarded.url + "/gradio_api/upload", files=big, headers=AUTH, timeout=60).status_code
+             for _ in range(40)]
+    assert codes == [413] * 40
 
 
 def test_gradio_file_route_never_fetches_a_url(guarded):
@@ -98,7 +103,8 @@ def test_a_body_above_the_limit_is_refused_before_it_is_sent(guarded):
 
 
 def test_a_streamed_body_is_cut_at_the_limit(guarded):
-    """Chunked, no length announced: the server stops at ~1 MiB with 413 while the client still sends."""
+    """Chunked, no length announced: past ~1 MiB the server reads and drops up to 4 MiB (gate.DRAIN_LIMITS x
+    max_body_bytes), then answers 413 while the client still sends."""
     with socket.create_connection((guarded.host, guarded.port), timeout=30) as sock:
         sock.sendall(f"POST /gradio_api/upload HTTP/1.1\r\nHost: 127.0.0.2:{guarded.port}\r\n"
                      f"Authorization: Bearer {TOKEN}\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
