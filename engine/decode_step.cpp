@@ -299,6 +299,7 @@ class NativeDecoder : public torch::CustomClassHolder {
   // computes (on: attend's next TaskKV, spread over its loops), or only for their pages' first lines (off: as
   // before; tests compare the two). Prefetches only: the same results.
   void set_kv_ahead(bool on) { kv_ahead_ = on; }
+  bool kv_ahead() const { return kv_ahead_; }
   // StepPool::set_halves: a prompt's matrix phases walked upwards from two halves (on), or one range from
   // its two ends (A/B, tests).
   void set_halves(bool on) { pool_.set_halves(on); }
@@ -307,7 +308,6 @@ class NativeDecoder : public torch::CustomClassHolder {
   void set_steer(bool on) { pool_.set_steer(on); }
   bool steer() const { return pool_.steer(); }
   int64_t steers() { return pool_.steers(); }
-  bool kv_ahead() const { return kv_ahead_; }
   // A prompt's attention outputs in the worker's scratch where o_proj reads only their int16 blocks (on:
   // StepWork::attn_local), or in the step's shared attn (off: as before).
   void set_attn_scratch(bool on) { attn_scratch_ = on; }
@@ -1196,12 +1196,12 @@ TORCH_LIBRARY_FRAGMENT(voxlane, m) {
       .def("set_last_rows_only", &voxlane::NativeDecoder::set_last_rows_only)
       .def("last_rows_only", &voxlane::NativeDecoder::last_rows_only)
       .def("set_kv_ahead", &voxlane::NativeDecoder::set_kv_ahead)
+      .def("kv_ahead", &voxlane::NativeDecoder::kv_ahead)
       .def("set_halves", &voxlane::NativeDecoder::set_halves)
       .def("halves", &voxlane::NativeDecoder::halves)
       .def("set_steer", &voxlane::NativeDecoder::set_steer)
       .def("steer", &voxlane::NativeDecoder::steer)
       .def("steers", &voxlane::NativeDecoder::steers)
-      .def("kv_ahead", &voxlane::NativeDecoder::kv_ahead)
       .def("set_act_scratch", &voxlane::NativeDecoder::set_act_scratch)
       .def("set_attn_scratch", &voxlane::NativeDecoder::set_attn_scratch)
       .def("attn_scratch", &voxlane::NativeDecoder::attn_scratch)

@@ -54,9 +54,9 @@ namespace voxlane {
 // [u0, u1) of phase p, a task (worker in [0, threads): for per-thread scratch; descending: the task
 // was taken from the phase's back end, see StepPool, and may walk its memory downwards). A task is at
 // most max_chunk(p) units. halves(p): on several threads the phase is split in two halves that the two
-// ends each walk upwards (see StepPool). With has_tail(p) (a phase with units), tail(p, worker) runs once, on the
-// thread that completes the phase's last unit, before the phase counts as complete (a row norm that
-// needs the whole phase's output, without a phase and a hand-off of its own). prefetch(p, u0, u1,
+// ends each walk upwards (see StepPool). With has_tail(p) (a phase with units), tail(p, worker) runs
+// once, on the thread that completes the phase's last unit, before the phase counts as complete (a row
+// norm that needs the whole phase's output, without a phase and a hand-off of its own). prefetch(p, u0, u1,
 // descending): a task's first memory, asked for when its thread has to wait for the phase before.
 struct PhasedWork {
   virtual ~PhasedWork() = default;
