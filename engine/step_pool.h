@@ -409,12 +409,12 @@ class StepPool {
   }
 
   // Wakes the sleeping helpers, steered off this thread's CPU first. Why: woken by the thread that is about
-  // to run a step, a helper was at times queued on that thread's own CPU (the kernel's wake-affine choice)
-  // and joined the step only when the scheduler moved it, 2-4 ms late (a 43-token prompt after idling: 2 of
-  // 10 prompts, docs/engine.md); allowed only the other CPUs it starts there, and once awake it takes the
-  // waker's CPUs back (helper_main), so the scheduler may move it later as usual. Nothing where this
-  // thread may run on one CPU only, or without Linux's affinity calls, or while a helper is awake (each
-  // steered helper is asleep, so it takes the CPUs back when it wakes).
+  // to run a step, a helper at times joined it 2-4 ms late (a 43-token prompt after idling: 8 of 15 prompts
+  // in docs/engine.md's A/B; none with the threads pinned to two CPUs), presumably queued on the waker's own
+  // CPU (the kernel's wake-affine choice) until the scheduler moved it; allowed only the other CPUs it starts
+  // there (0 of 15 late), and once awake it takes the waker's CPUs back (helper_main), so the scheduler may
+  // move it later as usual. Nothing where this thread may run on one CPU only, or without Linux's affinity
+  // calls, or while a helper is awake (each steered helper is asleep, so it takes the CPUs back when it wakes).
   void wake_sleepers() {
     std::lock_guard<std::mutex> lock(mutex_);
 #if defined(__linux__)

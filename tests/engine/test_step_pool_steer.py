@@ -1,7 +1,7 @@
 """A sleeping helper of the one-call step's pool is woken off the waking thread's CPU (engine/step_pool.h's
 wake_sleepers; NativeDecoder.set_steer, on by default) and takes the waker's CPUs back once awake. Why: woken by
-the thread about to run a prompt, the helper was at times queued on that thread's own CPU and joined 2-4 ms late
-(docs/engine.md, seventeenth session). Checked on the real decoder: a step after idling steers the sleeping
+the thread about to run a prompt, the helper at times joined it 2-4 ms late, presumably queued on that thread's
+own CPU (docs/engine.md, seventeenth session). Checked on the real decoder: a step after idling steers the sleeping
 helper (NativeDecoder.steers counts it), no thread of the process is left with fewer CPUs than it had, and with
 the switch off nothing is steered."""
 from __future__ import annotations
