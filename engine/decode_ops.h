@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "count_dispatch.h"
 #include "kv_element.h"
 #include "prefill_gemm.h"  // gemm::hsum4 (AVX-512)
 
@@ -468,16 +469,6 @@ inline void transpose16(__m512 (&r)[16]) {
   }
 }
 
-// f(std::integral_constant<int, c>) for c = n in 1..N (nothing for n = 0): a count known at run time as a
-// compile-time one (its loops unrolled, their accumulators in registers).
-template <int N, class F>
-__attribute__((always_inline)) inline void with_count(int64_t n, F&& f) {
-  if constexpr (N >= 1) {
-    if (n == N) return f(std::integral_constant<int, N>{});
-    with_count<N - 1>(n, f);
-  }
-}
-
 template <class KV>
 inline void attend_rows16(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int64_t g, const float* keys,
                           const float* values, AttentionScratch& scratch, float* out = nullptr) {
@@ -531,7 +522,7 @@ inline void attend_rows16(const AttentionArgs<KV>& a, int64_t b0, int64_t n, int
     // The last < 16 keys together too (the same sums: each key's own chain of FMAs). Why: one at a time, each
     // key's d dependent FMAs waited on each other (~4 cycles each: a 43-token prompt's last 11 keys ~2,800
     // cycles a head against ~500 for a block of 16, by count); one thread's attention CPU 1.36 vs 1.45 ms.
-    with_count<15>(n_keys - j0, [&](auto count) __attribute__((always_inline)) { key_block(count, j0); });
+    by_count<15>(n_keys - j0, [&](auto count) __attribute__((always_inline)) { key_block(count, j0); });
     alignas(64) float top_m[16], total[16] = {};
     _mm512_store_ps(top_m, top);
     for (int64_t j = 0; j < n_keys; ++j) {  // softmax numerators (0 where masked) and their sums, per row

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / "kernels.cpp", HERE / "quant_ops.cpp", HERE / "decode_step.cpp", HERE / "sample_rows.cpp"]  # compiled together into one library
-HEADERS = [HERE / "gguf_blocks.h", HERE / "quant_matmul.h", HERE / "gemv512.h", HERE / "prefill_gemm.h", HERE / "q8_matmul.h", HERE / "r16_matmul.h", HERE / "r16_tiles.h", HERE / "r16_batch.h", HERE / "kv_element.h", HERE / "decode_ops.h", HERE / "step_pool.h"]
+HEADERS = [HERE / "gguf_blocks.h", HERE / "quant_matmul.h", HERE / "gemv512.h", HERE / "prefill_gemm.h", HERE / "q8_matmul.h", HERE / "r16_matmul.h", HERE / "r16_tiles.h", HERE / "r16_batch.h", HERE / "kv_element.h", HERE / "decode_ops.h", HERE / "step_pool.h", HERE / "count_dispatch.h"]
 # -fopenmp: at::parallel_for's pragmas use torch's OpenMP (and `omp simd` loops vectorize);
 # 512-bit vectors: gcc defaults to 256 on recent Intel CPUs even with AVX-512 (no effect without it).
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-mprefer-vector-width=512"]

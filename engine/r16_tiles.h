@@ -54,6 +54,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "count_dispatch.h"
 #include "q8_matmul.h"
 #include "r16_matmul.h"
 
@@ -375,15 +376,6 @@ __attribute__((noinline)) void row_block12(const Weight& w, const uint8_t* bt, c
   each_row<R>([&](auto m) __attribute__((always_inline)) { _mm512_storeu_ps(y + m.value * ldy, std::get<m.value>(acc)); });
 }
 
-// kernel<R>(args...) for a row count r (1-16) known at run time (row_block or row_block12's instances).
-template <int R = 16, class Kernel, class... Args>
-inline void by_rows(int r, Kernel&& kernel, Args&&... args) {
-  if constexpr (R >= 1) {
-    if (r == R) return kernel(std::integral_constant<int, R>{}, args...);
-    by_rows<R - 1>(r, kernel, args...);
-  }
-}
-
 // The most blocks of a Q4 group split for the one-product tiles at a time (1 KB each): a row of up to
 // kSplitBlocks blocks (SmolLM2's K = 576: 18) is split whole; a longer one (down's 48) runs in near-equal
 // spans of at most kSplitSpan blocks, each split once and multiplied by every 16 activation rows, so the
@@ -436,7 +428,7 @@ inline void matmul12(const Weight& w, const I16Rows& x, int64_t M, float* y, int
           if (m0 + 16 <= M) {
             row_block12<Lay, 16, 0, NB>(w, sp, scales, next, rows, out, ldy, b0, b1);
           } else {
-            by_rows<15>(last, [&](auto r, auto&&...) __attribute__((always_inline)) {
+            by_count<15>(last, [&](auto r) __attribute__((always_inline)) {
               if (full) row_block12<Lay, decltype(r)::value, 1, NB>(w, sp, scales, next, rows, out, ldy, b0, b1);
               else row_block12<Lay, decltype(r)::value, 0, NB>(w, sp, scales, next, rows, out, ldy, b0, b1);
             });
@@ -478,7 +470,7 @@ inline void matmul(const Weight& w, const I16Rows& x, int64_t M, float* y, int64
       }
       const I16Rows rows = x.at_row(m0);
       float* out = y + m0 * ldy + g * kRows;
-      by_rows(R, [&](auto r, auto&&...) __attribute__((always_inline)) { kernel(r, rows, out); });
+      by_count<16>(R, [&](auto r) __attribute__((always_inline)) { kernel(r, rows, out); });
     }
   };
   const int64_t groups = w.rows / kRows;
