@@ -113,19 +113,19 @@ class Gate:
         chunked = "chunked" in headers.get("transfer-encoding", "").lower()
         if length is None and not chunked:
             return receive  # no body
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.body_timeout_s  # the whole body's, a refused one's drain included
         if length is not None:
             if not length.isdigit():
                 await _send_json_error(send, 400, "bad_request", "Content-Length is not a number")
                 return None
             if int(length) > limit:
                 if int(length) <= DRAIN_LIMITS * limit:
-                    await self._drain(receive, 0)
+                    await self._drain(receive, 0, deadline)
                 await _send_json_error(send, 413, "too_large",
                                        f"a request body of {int(length)} bytes is above server.max_body_bytes ({limit})")
                 return None
         body = bytearray()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.body_timeout_s
         while True:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
@@ -139,7 +139,7 @@ class Gate:
             body += message.get("body", b"")
             if len(body) > limit:
                 if message.get("more_body", False):
-                    await self._drain(receive, len(body))
+                    await self._drain(receive, len(body), deadline)
                 await _send_json_error(send, 413, "too_large", f"a request body above server.max_body_bytes ({limit})")
                 return None
             if not message.get("more_body", False):
@@ -155,11 +155,10 @@ class Gate:
 
         return replay
 
-    async def _drain(self, receive, read: int) -> None:
+    async def _drain(self, receive, read: int, deadline: float) -> None:
         """Reads and drops the rest of a refused body (``read`` bytes of it already in), within DRAIN_LIMITS x
-        max_body_bytes and body_timeout_s: see DRAIN_LIMITS."""
+        max_body_bytes and the body's deadline (the event loop's clock): see DRAIN_LIMITS."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.body_timeout_s
         while read <= DRAIN_LIMITS * self.config.max_body_bytes:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
