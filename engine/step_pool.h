@@ -160,7 +160,7 @@ class StepPool {
   // the memory it streams (a matrix's weight groups, read upwards in a task) starts cold at every task:
   // its tasks of a 43-token prompt's gate/up took 10.1-11.0 us a unit against the front end's 9.0-9.7
   // (docs/engine.md, fourteenth session), and one half-phase task for it took 0.95x its gate/up CPU.
-  static constexpr int kUnitBits = 17, kPhaseBits = 12, kModeShift = 2 * kUnitBits;
+  static constexpr int kUnitBits = 17, kPhaseBits = 12, kModeShift = 2 * kUnitBits, kPhaseShift = kModeShift + 2;
   static constexpr int64_t kOne = 0, kOneReversed = 1, kHalves = 2;
   static constexpr uint64_t kUnitMask = (1ull << kUnitBits) - 1, kPhaseMask = (1ull << kPhaseBits) - 1;
   static constexpr int64_t kMaxUnits = int64_t(kUnitMask);  // per phase
@@ -399,7 +399,7 @@ class StepPool {
   }
 
   static uint64_t word(uint64_t generation, int64_t phase, int64_t mode, int64_t a, int64_t b) {
-    return (generation << 48) | (uint64_t(phase) << (kModeShift + 2)) | (uint64_t(mode) << kModeShift) |
+    return (generation << 48) | (uint64_t(phase) << kPhaseShift) | (uint64_t(mode) << kModeShift) |
            (uint64_t(a) << kUnitBits) | uint64_t(b);
   }
   // The word of phase p's start (p = -1: the step's tasks are all taken).
@@ -460,7 +460,7 @@ class StepPool {
       int64_t phase, u0, u1;
       bool descending;  // the task was taken from its range's upper end
       for (;;) {
-        phase = int64_t((ticket >> (kModeShift + 2)) & kPhaseMask);
+        phase = int64_t((ticket >> kPhaseShift) & kPhaseMask);
         if ((ticket >> 48) != generation || phase == kDone) {
           if (stats) lap(stats->other_ns);
           return;
